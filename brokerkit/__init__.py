@@ -1,0 +1,59 @@
+"""brokerkit: one producer/consumer API with the same semantics on every broker.
+
+::
+
+    async with brokerkit.connect("redis://localhost:6379/0") as broker:
+        await broker.publish("orders", b"...", fifo_group="customer-7", dedup_id="order-1")
+        async with broker.consumer("orders", group="billing") as consumer:
+            async for msg in consumer:
+                await msg.ack()
+
+The behaviour is the contract in CONTRACT.md, proven per backend by
+``brokerkit check URL``. Importing brokerkit imports no broker client library.
+"""
+
+from brokerkit._broker import Broker, connect, from_backend
+from brokerkit._consumer import Consumer, Message
+from brokerkit._errors import (
+    AlreadySettled,
+    BrokerkitError,
+    BrokerUnavailable,
+    ConfigError,
+    InvalidArgument,
+    InvalidMessage,
+    InvalidName,
+    LeaseExpired,
+    MessageTooLarge,
+    ResourceClosed,
+    UnsupportedFeature,
+)
+from brokerkit._message import DeadLetterInfo, Outgoing, PublishResult
+from brokerkit._url import BrokerURL
+from brokerkit.backends.base import Capabilities
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadySettled",
+    "Broker",
+    "BrokerURL",
+    "BrokerUnavailable",
+    "BrokerkitError",
+    "Capabilities",
+    "ConfigError",
+    "Consumer",
+    "DeadLetterInfo",
+    "InvalidArgument",
+    "InvalidMessage",
+    "InvalidName",
+    "LeaseExpired",
+    "Message",
+    "MessageTooLarge",
+    "Outgoing",
+    "PublishResult",
+    "ResourceClosed",
+    "UnsupportedFeature",
+    "__version__",
+    "connect",
+    "from_backend",
+]

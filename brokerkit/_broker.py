@@ -1,0 +1,227 @@
+"""The facade: connect, publish, consume, dead letters and redrive."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from types import TracebackType
+
+from brokerkit._consumer import Consumer, check_consumer_args
+from brokerkit._dlq import split_envelope
+from brokerkit._errors import ResourceClosed
+from brokerkit._message import Outgoing, PublishResult
+from brokerkit._registry import backend_class
+from brokerkit._url import BrokerURL
+from brokerkit._validate import check_int, check_name, check_outgoing
+from brokerkit.backends.base import Backend, Capabilities, ReceiverSettings
+
+DEFAULT_GROUP = "default"
+DEAD_LETTER_GROUP = "dead-letters"
+"""The consumer group of ``dead_letters()`` and ``redrive()``: they share one view of the DLQ."""
+
+_REDRIVE_LEASE = 60.0
+
+
+def connect(url: str | BrokerURL) -> Broker:
+    """A broker for ``url``; the scheme picks the backend. No I/O until first use.
+
+    Use it as ``async with brokerkit.connect(url) as broker:``. Raises
+    ConfigError for an unknown scheme or parameter (naming it, never the
+    password).
+    """
+    parsed = BrokerURL.parse(url)
+    backend = backend_class(parsed.scheme).from_url(parsed)
+    return Broker(backend, parsed)
+
+
+def from_backend(backend: Backend) -> Broker:
+    """A broker around a backend built from the user's own configured client."""
+    scheme = backend.schemes[0] if backend.schemes else "custom"
+    return Broker(backend, BrokerURL(scheme))
+
+
+class Broker:
+    """A connection to one broker. Opens on ``async with`` (or on first use)."""
+
+    def __init__(self, backend: Backend, url: BrokerURL) -> None:
+        self._backend = backend
+        self.url = url
+        self._opened = False
+        self._closed = False
+        self._open_lock = asyncio.Lock()
+        self._consumers: set[Consumer] = set()
+
+    def __repr__(self) -> str:
+        return f"<Broker {self.url.redacted()}>"
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._backend.capabilities
+
+    async def __aenter__(self) -> Broker:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Connect; BrokerUnavailable after a bounded retry. Idempotent."""
+        await self._opened_backend()
+
+    async def _opened_backend(self) -> Backend:
+        if self._closed:
+            raise ResourceClosed(f"{self!r} is closed")
+        if not self._opened:
+            async with self._open_lock:
+                if not self._opened:
+                    await self._backend.open()
+                    self._opened = True
+        return self._backend
+
+    async def aclose(self) -> None:
+        """Close every consumer, then the connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in list(self._consumers):
+            await consumer.aclose()
+        if self._opened:
+            await self._backend.aclose()
+
+    async def publish(
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        fifo_group: str | None = None,
+        dedup_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """Publish one message; return once the broker accepted it durably.
+
+        Raises InvalidName, InvalidMessage or MessageTooLarge before any I/O.
+        """
+        message = Outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
+        return (await self.publish_many(queue, [message]))[0]
+
+    async def publish_many(self, queue: str, messages: Iterable[Outgoing]) -> list[PublishResult]:
+        """Publish in list order (the FIFO order within a fifo_group); all validated first."""
+        check_name("queue", queue)
+        caps = self.capabilities
+        checked = [
+            check_outgoing(
+                m,
+                max_bytes=caps.max_message_bytes,
+                max_headers=caps.max_headers,
+                max_header_bytes=caps.max_header_bytes,
+            )
+            for m in messages
+        ]
+        if self._closed:
+            raise ResourceClosed(f"{self!r} is closed")
+        if not checked:
+            return []
+        backend = await self._opened_backend()
+        return await backend.publish(queue, checked)
+
+    def consumer(
+        self,
+        queue: str,
+        group: str = DEFAULT_GROUP,
+        *,
+        max_attempts: int = 5,
+        ack_timeout: float = 30.0,
+        prefetch: int = 32,
+        close_timeout: float = 10.0,
+    ) -> Consumer:
+        """A consumer of ``queue`` in consumer group ``group``: ``async with`` it, iterate it.
+
+        Raises InvalidName or InvalidArgument before any I/O.
+        """
+        return self._consumer(
+            queue, group, max_attempts, ack_timeout, prefetch, close_timeout, dead_letters=False
+        )
+
+    def dead_letters(
+        self,
+        queue: str,
+        group: str = DEAD_LETTER_GROUP,
+        *,
+        ack_timeout: float = 30.0,
+        prefetch: int = 32,
+        close_timeout: float = 10.0,
+    ) -> Consumer:
+        """A consumer over ``queue``'s DLQ; each message has ``dead_letter_info``."""
+        return self._consumer(
+            queue, group, 2**31 - 1, ack_timeout, prefetch, close_timeout, dead_letters=True
+        )
+
+    def _consumer(
+        self,
+        queue: str,
+        group: str,
+        max_attempts: int,
+        ack_timeout: float,
+        prefetch: int,
+        close_timeout: float,
+        *,
+        dead_letters: bool,
+    ) -> Consumer:
+        check_name("queue", queue)
+        check_name("consumer group", group)
+        attempts, timeout, fetch, close = check_consumer_args(
+            max_attempts, ack_timeout, prefetch, close_timeout
+        )
+        if self._closed:
+            raise ResourceClosed(f"{self!r} is closed")
+        consumer = Consumer(
+            self,
+            queue,
+            group,
+            max_attempts=attempts,
+            ack_timeout=timeout,
+            prefetch=fetch,
+            close_timeout=close,
+            dead_letters=dead_letters,
+        )
+        self._consumers.add(consumer)
+        return consumer
+
+    async def redrive(self, queue: str, limit: int | None = None) -> int:
+        """Move dead messages back to ``queue``, oldest first, keeping fifo_group order.
+
+        Each is republished (without its dedup id, which would suppress it),
+        then removed from the DLQ: a crash in between leaves a copy in both.
+        Returns how many moved.
+        """
+        check_name("queue", queue)
+        if limit is not None:
+            check_int("limit", limit, minimum=0)
+        backend = await self._opened_backend()
+        settings = ReceiverSettings(ack_timeout=_REDRIVE_LEASE, max_attempts=2**31 - 1, prefetch=1)
+        receiver = await backend.subscribe(queue, DEAD_LETTER_GROUP, settings, dead_letters=True)
+        wait = 1.0 + self.capabilities.redelivery_slack
+        moved = 0
+        try:
+            while limit is None or moved < limit:
+                batch = await receiver.receive(1, wait)
+                if not batch:
+                    break
+                for delivery in batch:
+                    headers, info = split_envelope(delivery.headers)
+                    group = info.fifo_group if info else delivery.fifo_group
+                    await backend.publish(queue, [Outgoing(delivery.body, group, None, headers)])
+                    await receiver.ack(delivery)
+                    moved += 1
+        finally:
+            await receiver.aclose()
+        return moved
+
+

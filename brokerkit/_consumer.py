@@ -1,0 +1,382 @@
+"""Consumers and received messages: the settling policy, written once for every backend."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
+from brokerkit._errors import (
+    AlreadySettled,
+    InvalidArgument,
+    LeaseExpired,
+    ResourceClosed,
+    UnsupportedFeature,
+)
+from brokerkit._message import DeadLetterInfo
+from brokerkit._validate import check_seconds
+from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
+
+if TYPE_CHECKING:
+    from brokerkit._broker import Broker
+
+# How long one receive call may wait before the iterator checks for close.
+_POLL_WAIT = 1.0
+
+_UNSETTLED, _SETTLING, _SETTLED, _LOST = "unsettled", "settling", "settled", "lost"
+
+
+class Message:
+    """A received message, leased to its consumer until settled or ``ack_timeout`` passes.
+
+    Settle it exactly once with ``ack``, ``nack`` or ``dead_letter``; ``extend``
+    renews the lease. Settling twice raises AlreadySettled; settling after the
+    lease ran out (or after the consumer gave it back on close) raises
+    LeaseExpired.
+    """
+
+    __slots__ = (
+        "_consumer",
+        "_deadline",
+        "_delivery",
+        "_state",
+        "dead_letter_info",
+        "headers",
+        "queue",
+    )
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        delivery: Delivery,
+        headers: dict[str, str],
+        info: DeadLetterInfo | None,
+        deadline: float,
+    ) -> None:
+        self._consumer = consumer
+        self._delivery = delivery
+        self._deadline = deadline
+        self._state = _UNSETTLED
+        self.queue = consumer.queue
+        self.headers: Mapping[str, str] = headers
+        self.dead_letter_info = info
+        """Why the message died, when it was read from a DLQ (``broker.dead_letters``)."""
+
+    @property
+    def body(self) -> bytes:
+        return self._delivery.body
+
+    @property
+    def id(self) -> str:
+        return self._delivery.id
+
+    @property
+    def fifo_group(self) -> str | None:
+        info = self.dead_letter_info
+        return info.fifo_group if info else self._delivery.fifo_group
+
+    @property
+    def dedup_id(self) -> str | None:
+        info = self.dead_letter_info
+        return info.dedup_id if info else self._delivery.dedup_id
+
+    @property
+    def attempt(self) -> int:
+        """1-based delivery count, durable across consumer restarts."""
+        return self._delivery.attempt
+
+    @property
+    def extras(self) -> Mapping[str, Any]:
+        """Broker-specific read-outs, documented per backend."""
+        return self._delivery.extras
+
+    @property
+    def settled(self) -> bool:
+        return self._state == _SETTLED
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message id={self.id!r} queue={self.queue!r} attempt={self.attempt} "
+            f"fifo_group={self.fifo_group!r} {self._state}>"
+        )
+
+    async def ack(self) -> None:
+        """Settle: the message is not delivered to this consumer group again."""
+        await self._settle(self._consumer._receiver_ack)
+
+    async def nack(self, delay: float | None = None) -> None:
+        """Deliver again (attempt + 1) no sooner than ``delay`` seconds from now.
+
+        At ``attempt >= max_attempts`` the message goes to the DLQ instead,
+        reason ``max_attempts``. Raises InvalidArgument for a negative delay.
+        """
+        seconds = check_seconds("delay", delay, allow_none=True) or 0.0
+        limit = self._consumer.broker.capabilities.max_nack_delay
+        if seconds > limit:
+            raise InvalidArgument(f"delay must be at most {limit} seconds on this broker")
+        if self.attempt >= self._consumer.max_attempts and self.dead_letter_info is None:
+            await self._settle(lambda d: self._consumer._receiver_dead(d, REASON_MAX_ATTEMPTS))
+        else:
+            await self._settle(lambda d: self._consumer._receiver_nack(d, seconds))
+
+    async def dead_letter(self, reason: str) -> None:
+        """Move to the queue's DLQ now, whatever the attempt count."""
+        if not isinstance(reason, str) or not reason:
+            raise InvalidArgument("dead_letter needs a non-empty reason string")
+        if self.dead_letter_info is not None:
+            raise UnsupportedFeature("a dead letter cannot be dead-lettered again: ack or redrive it")
+        await self._settle(lambda d: self._consumer._receiver_dead(d, reason))
+
+    async def extend(self) -> None:
+        """Renew the lease for another ``ack_timeout`` seconds from now."""
+        self._check_settleable()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        timeout = self._consumer.ack_timeout
+        await self._consumer._receiver_extend(self._delivery, timeout)
+        self._deadline = started + timeout
+
+    def _check_settleable(self) -> None:
+        if self._state in (_SETTLED, _SETTLING):
+            raise AlreadySettled(f"message {self.id!r} was already settled")
+        if self._state == _LOST or asyncio.get_running_loop().time() > self._deadline:
+            self._state = _LOST
+            raise LeaseExpired(
+                f"the lease on message {self.id!r} ran out (ack_timeout="
+                f"{self._consumer.ack_timeout}s); it may already be redelivered"
+            )
+
+    async def _settle(self, action: Any) -> None:
+        self._check_settleable()
+        self._state = _SETTLING
+        try:
+            await action(self._delivery)
+        except LeaseExpired:
+            self._state = _LOST
+            self._consumer._forget(self)
+            raise
+        except BaseException:
+            self._state = _UNSETTLED
+            raise
+        self._state = _SETTLED
+        self._consumer._forget(self)
+
+    def _give_back(self) -> bool:
+        """Called on consumer close: True if the caller never settled it."""
+        if self._state == _UNSETTLED:
+            self._state = _LOST
+            return True
+        return False
+
+
+class Consumer:
+    """Reads one queue (or its DLQ) for one consumer group; an async iterator of Messages.
+
+    The iterator keeps yielding while earlier messages are unsettled, so
+    messages may be handled concurrently. Cancelling a pending ``__anext__``
+    loses nothing. ``aclose`` stops fetching, waits up to ``close_timeout`` for
+    held messages to be settled, then gives every unsettled one back.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        queue: str,
+        group: str,
+        *,
+        max_attempts: int,
+        ack_timeout: float,
+        prefetch: int,
+        close_timeout: float,
+        dead_letters: bool,
+    ) -> None:
+        self.broker = broker
+        self.queue = queue
+        self.group = group
+        self.max_attempts = max_attempts
+        self.ack_timeout = ack_timeout
+        self.prefetch = prefetch
+        self.close_timeout = close_timeout
+        self.dead_letters = dead_letters
+        self._receiver: Receiver | None = None
+        self._buffer: deque[tuple[float, Delivery]] = deque()
+        self._held: dict[int, Message] = {}
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._fetch: asyncio.Task[list[Delivery]] | None = None
+        self._closing = False
+        self._closed: asyncio.Future[None] | None = None
+        self._open_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        kind = "dead_letters" if self.dead_letters else "consumer"
+        return f"<{kind} queue={self.queue!r} group={self.group!r} broker={self.broker.url}>"
+
+    async def __aenter__(self) -> Consumer:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Subscribe (creating queue, DLQ and group on first use). Idempotent."""
+        if self._closing:
+            raise ResourceClosed(f"{self!r} is closed")
+        async with self._open_lock:
+            if self._receiver is None:
+                settings = ReceiverSettings(
+                    ack_timeout=self.ack_timeout,
+                    max_attempts=self.max_attempts,
+                    prefetch=self.prefetch,
+                )
+                backend = await self.broker._opened_backend()
+                self._receiver = await backend.subscribe(
+                    self.queue, self.group, settings, dead_letters=self.dead_letters
+                )
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        if self._closing:
+            raise ResourceClosed(f"{self!r} is closed")
+        await self.open()
+        loop = asyncio.get_running_loop()
+        while True:
+            while self._buffer:
+                leased_at, delivery = self._buffer.popleft()
+                message = await self._admit(delivery, leased_at, loop.time())
+                if message is not None:
+                    return message
+            if self._closing:
+                raise StopAsyncIteration
+            await self._fill()
+
+    async def _fill(self) -> None:
+        receiver = self._receiver
+        assert receiver is not None
+        if self._fetch is None:
+            task = asyncio.ensure_future(receiver.receive(self.prefetch, _POLL_WAIT))
+            task.add_done_callback(self._collect)
+            self._fetch = task
+        # shield: cancelling __anext__ must not cancel a receive that may have leased messages;
+        # _collect keeps whatever it returns for the next call.
+        await asyncio.shield(self._fetch)
+
+    def _collect(self, task: asyncio.Task[list[Delivery]]) -> None:
+        if self._fetch is task:
+            self._fetch = None
+        if task.cancelled() or task.exception() is not None:
+            return
+        now = asyncio.get_running_loop().time()
+        self._buffer.extend((now, d) for d in task.result())
+
+    async def _admit(self, delivery: Delivery, leased_at: float, now: float) -> Message | None:
+        """Policy on receipt: over-attempted messages die; stale leases are skipped."""
+        deadline = leased_at + self.ack_timeout
+        if now > deadline:
+            return None  # the broker redelivers it; handing it out now would only fail later
+        headers, info = split_envelope(delivery.headers)
+        if info is None and delivery.attempt > self.max_attempts:
+            # delivered max_attempts times and never settled (crashes, hangs): to the DLQ.
+            await self._receiver_dead(delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1)
+            return None
+        message = Message(self, delivery, headers, info, deadline)
+        self._held[id(message)] = message
+        self._drained.clear()
+        return message
+
+    def _forget(self, message: Message) -> None:
+        self._held.pop(id(message), None)
+        if not self._held:
+            self._drained.set()
+
+    def _live_receiver(self) -> Receiver:
+        if self._receiver is None:
+            raise ResourceClosed(f"{self!r} is not open")
+        return self._receiver
+
+    async def _receiver_ack(self, delivery: Delivery) -> None:
+        await self._live_receiver().ack(delivery)
+
+    async def _receiver_nack(self, delivery: Delivery, delay: float) -> None:
+        await self._live_receiver().nack(delivery, delay)
+
+    async def _receiver_extend(self, delivery: Delivery, ack_timeout: float) -> None:
+        await self._live_receiver().extend(delivery, ack_timeout)
+
+    async def _receiver_dead(self, delivery: Delivery, reason: str, attempts: int | None = None) -> None:
+        envelope = build_envelope(
+            queue=self.queue,
+            original_id=delivery.id,
+            reason=reason,
+            attempts=delivery.attempt if attempts is None else attempts,
+            fifo_group=delivery.fifo_group,
+            dedup_id=delivery.dedup_id,
+        )
+        await self._live_receiver().dead_letter(delivery, envelope)
+
+    async def aclose(self) -> None:
+        """Stop fetching, let held messages settle (``close_timeout``), give back the rest.
+
+        Idempotent, and safe while another task is blocked iterating.
+        """
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
+            return
+        self._closing = True
+        self._closed = asyncio.get_running_loop().create_future()
+        try:
+            await self._shutdown()
+        finally:
+            self._closed.set_result(None)
+            self.broker._consumers.discard(self)
+
+    async def _shutdown(self) -> None:
+        receiver = self._receiver
+        if receiver is None:
+            return
+        fetch = self._fetch
+        if fetch is not None:
+            await asyncio.wait([fetch], timeout=_POLL_WAIT + 5.0)
+            if not fetch.done():
+                fetch.cancel()
+        if self._held and self.close_timeout > 0:
+            await asyncio.wait([asyncio.ensure_future(self._drained.wait())], timeout=self.close_timeout)
+        seen = [m._delivery for m in list(self._held.values()) if m._give_back()]
+        unseen = [d for _, d in self._buffer]
+        self._buffer.clear()
+        self._held.clear()
+        self._drained.set()
+        try:
+            # held by the caller and never settled: a failed attempt, like a crash
+            for delivery in seen:
+                await receiver.nack(delivery, 0.0)
+            # fetched but never handed out: given back, uncounted where the broker allows
+            if unseen:
+                await receiver.release(unseen)
+        finally:
+            await receiver.aclose()
+
+
+def check_consumer_args(
+    max_attempts: object, ack_timeout: object, prefetch: object, close_timeout: object
+) -> tuple[int, float, int, float]:
+    """Validate consumer arguments before any I/O."""
+    from brokerkit._validate import check_int
+
+    attempts = check_int("max_attempts", max_attempts, minimum=1)
+    timeout = check_seconds("ack_timeout", ack_timeout, positive=True)
+    fetch = check_int("prefetch", prefetch, minimum=1)
+    close = check_seconds("close_timeout", close_timeout)
+    assert timeout is not None and close is not None
+    return attempts, timeout, fetch, close
+
+
+__all__ = ["Consumer", "Message", "check_consumer_args"]

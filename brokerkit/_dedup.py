@@ -1,0 +1,49 @@
+"""An expiring memory of dedup ids, for backends that emulate deduplication in-process."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+
+class DedupWindow:
+    """Remembers ``key -> value`` for ``window`` seconds after it was first claimed.
+
+    ``claim`` is check-and-set in one step, so (within one process and one
+    event loop) concurrent publishers of the same key get one winner.
+    """
+
+    __slots__ = ("_clock", "_entries", "window")
+
+    def __init__(self, window: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window = window
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    def _expire(self, now: float) -> None:
+        entries = self._entries
+        while entries:
+            key, (expires, _) = next(iter(entries.items()))
+            if expires > now:
+                break
+            del entries[key]
+
+    def get(self, key: str) -> str | None:
+        self._expire(self._clock())
+        hit = self._entries.get(key)
+        return hit[1] if hit else None
+
+    def claim(self, key: str, value: str) -> str | None:
+        """Remember ``key`` unless known; return the earlier value for a known key, else None."""
+        now = self._clock()
+        self._expire(now)
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit[1]
+        self._entries[key] = (now + self.window, value)
+        return None
+
+    def __len__(self) -> int:
+        self._expire(self._clock())
+        return len(self._entries)

@@ -1,0 +1,94 @@
+"""Name, size and argument rules of the contract (section 2), checked before any I/O."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from brokerkit._errors import InvalidArgument, InvalidMessage, InvalidName, MessageTooLarge
+from brokerkit._message import Outgoing
+
+RESERVED_HEADER_PREFIX = "x-brokerkit-"
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+_TOKEN = re.compile(r"[!-~]{1,128}")  # printable ASCII, no space
+
+
+def check_name(kind: str, value: object) -> str:
+    """A queue or consumer-group name: ``^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$``."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise InvalidName(
+            f"invalid {kind} name {value!r}: use 1-64 of A-Z a-z 0-9 _ -, starting with a "
+            "letter or digit"
+        )
+    return value
+
+
+def check_token(kind: str, value: object) -> str | None:
+    """A fifo_group or dedup_id: 1-128 printable ASCII characters without spaces."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+        raise InvalidName(f"invalid {kind} {value!r}: use 1-128 printable ASCII, no spaces")
+    return value
+
+
+def check_outgoing(msg: Outgoing, *, max_bytes: int, max_headers: int, max_header_bytes: int) -> Outgoing:
+    """Validate one message and return it with a private copy of its headers."""
+    if not isinstance(msg, Outgoing):
+        raise InvalidMessage(f"expected brokerkit.Outgoing, got {type(msg).__name__}")
+    body = msg.body
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise InvalidMessage(f"message body must be bytes, not {type(body).__name__}")
+    body = bytes(body)
+    if len(body) > max_bytes:
+        raise MessageTooLarge(f"message body is {len(body)} bytes; this broker takes at most {max_bytes}")
+    check_token("fifo_group", msg.fifo_group)
+    check_token("dedup_id", msg.dedup_id)
+    headers = check_headers(msg.headers, max_headers=max_headers, max_bytes=max_header_bytes)
+    return Outgoing(body, msg.fifo_group, msg.dedup_id, headers)
+
+
+def check_headers(headers: object, *, max_headers: int, max_bytes: int) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidMessage(f"headers must be a mapping of str to str, not {type(headers).__name__}")
+    if len(headers) > max_headers:
+        raise InvalidMessage(f"{len(headers)} headers; at most {max_headers} are allowed")
+    total = 0
+    out: dict[str, str] = {}
+    for key, value in headers.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidMessage(
+                f"header {key!r}: headers must be str -> str, got {type(key).__name__} -> "
+                f"{type(value).__name__}"
+            )
+        if not key:
+            raise InvalidMessage("header names must not be empty")
+        if key.lower().startswith(RESERVED_HEADER_PREFIX):
+            raise InvalidMessage(f"header {key!r}: the prefix {RESERVED_HEADER_PREFIX!r} is reserved")
+        total += len(key.encode()) + len(value.encode())
+        out[key] = value
+    if total > max_bytes:
+        raise InvalidMessage(f"headers are {total} bytes in all; at most {max_bytes} are allowed")
+    return out
+
+
+def check_seconds(name: str, value: Any, *, allow_none: bool = False, positive: bool = False) -> float | None:
+    """A duration in seconds: a finite, non-negative number (positive when asked)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise InvalidArgument(f"{name} must be {'positive' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgument(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value

@@ -1,0 +1,1 @@
+"""Backends: the mechanism under the facade. See ``brokerkit.backends.base``."""

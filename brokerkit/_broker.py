@@ -223,5 +223,3 @@ class Broker:
         finally:
             await receiver.aclose()
         return moved
-
-

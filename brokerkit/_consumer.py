@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
@@ -127,7 +128,9 @@ class Message:
         if not isinstance(reason, str) or not reason:
             raise InvalidArgument("dead_letter needs a non-empty reason string")
         if self.dead_letter_info is not None:
-            raise UnsupportedFeature("a dead letter cannot be dead-lettered again: ack or redrive it")
+            raise UnsupportedFeature(
+                "a dead letter cannot be dead-lettered again: ack or redrive it"
+            )
         await self._settle(lambda d: self._consumer._receiver_dead(d, reason))
 
     async def extend(self) -> None:
@@ -164,11 +167,11 @@ class Message:
         self._state = _SETTLED
         self._consumer._forget(self)
 
-    def _give_back(self) -> bool:
-        """Called on consumer close: True if the caller never settled it."""
+    def _give_back(self, now: float) -> bool:
+        """Called on consumer close: True if unsettled and its lease still held."""
         if self._state == _UNSETTLED:
             self._state = _LOST
-            return True
+            return now <= self._deadline
         return False
 
 
@@ -311,7 +314,9 @@ class Consumer:
     async def _receiver_extend(self, delivery: Delivery, ack_timeout: float) -> None:
         await self._live_receiver().extend(delivery, ack_timeout)
 
-    async def _receiver_dead(self, delivery: Delivery, reason: str, attempts: int | None = None) -> None:
+    async def _receiver_dead(
+        self, delivery: Delivery, reason: str, attempts: int | None = None
+    ) -> None:
         envelope = build_envelope(
             queue=self.queue,
             original_id=delivery.id,
@@ -347,20 +352,30 @@ class Consumer:
             await asyncio.wait([fetch], timeout=_POLL_WAIT + 5.0)
             if not fetch.done():
                 fetch.cancel()
+        loop = asyncio.get_running_loop()
         if self._held and self.close_timeout > 0:
-            await asyncio.wait([asyncio.ensure_future(self._drained.wait())], timeout=self.close_timeout)
-        seen = [m._delivery for m in list(self._held.values()) if m._give_back()]
-        unseen = [d for _, d in self._buffer]
+            # wait for the caller to settle, but never past the last lease still held
+            last_lease = max(m._deadline for m in self._held.values())
+            timeout = min(self.close_timeout, last_lease - loop.time())
+            if timeout > 0:
+                drained = asyncio.ensure_future(self._drained.wait())
+                await asyncio.wait([drained], timeout=timeout)
+                drained.cancel()
+        now = loop.time()
+        seen = [m._delivery for m in list(self._held.values()) if m._give_back(now)]
+        unseen = [d for leased_at, d in self._buffer if leased_at + self.ack_timeout > now]
         self._buffer.clear()
         self._held.clear()
         self._drained.set()
         try:
             # held by the caller and never settled: a failed attempt, like a crash
             for delivery in seen:
-                await receiver.nack(delivery, 0.0)
+                with contextlib.suppress(LeaseExpired):  # lost meanwhile: redelivered anyway
+                    await receiver.nack(delivery, 0.0)
             # fetched but never handed out: given back, uncounted where the broker allows
             if unseen:
-                await receiver.release(unseen)
+                with contextlib.suppress(LeaseExpired):
+                    await receiver.release(unseen)
         finally:
             await receiver.aclose()
 

@@ -22,14 +22,25 @@ _FIELDS = ("queue", "id", "reason", "attempts", "died-at", "fifo-group", "dedup-
 
 
 def build_envelope(
-    *, queue: str, original_id: str, reason: str, attempts: int,
-    fifo_group: str | None, dedup_id: str | None, died_at: datetime | None = None,
+    *,
+    queue: str,
+    original_id: str,
+    reason: str,
+    attempts: int,
+    fifo_group: str | None,
+    dedup_id: str | None,
+    died_at: datetime | None = None,
 ) -> dict[str, str]:
     """The reserved headers that describe a death. Values are ASCII-safe (percent-encoded)."""
     when = (died_at or datetime.now(UTC)).isoformat()
     values = {
-        "queue": queue, "id": original_id, "reason": reason, "attempts": str(attempts),
-        "died-at": when, "fifo-group": fifo_group or "", "dedup-id": dedup_id or "",
+        "queue": queue,
+        "id": original_id,
+        "reason": reason,
+        "attempts": str(attempts),
+        "died-at": when,
+        "fifo-group": fifo_group or "",
+        "dedup-id": dedup_id or "",
     }
     return {_P + k: quote(v, safe="") for k, v in values.items()}
 
@@ -46,7 +57,12 @@ def split_envelope(headers: Mapping[str, str]) -> tuple[dict[str, str], DeadLett
     except ValueError:
         attempts, died_at = 0, datetime.fromtimestamp(0, UTC)
     info = DeadLetterInfo(
-        queue=raw["queue"], original_id=raw["id"], reason=raw["reason"], attempts=attempts,
-        died_at=died_at, fifo_group=raw["fifo-group"] or None, dedup_id=raw["dedup-id"] or None,
+        queue=raw["queue"],
+        original_id=raw["id"],
+        reason=raw["reason"],
+        attempts=attempts,
+        died_at=died_at,
+        fifo_group=raw["fifo-group"] or None,
+        dedup_id=raw["dedup-id"] or None,
     )
     return user, info

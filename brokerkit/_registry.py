@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import cast
-
 from brokerkit._errors import ConfigError
 from brokerkit.backends.base import Backend
 
@@ -49,4 +47,4 @@ def backend_class(scheme: str) -> type[Backend]:
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise ConfigError(f"entry point {scheme!r} -> {target!r} is not a brokerkit Backend")
-    return cast(type[Backend], cls)
+    return cls

@@ -64,7 +64,9 @@ class BrokerURL:
             user, colon, secret = userinfo.partition(":")
             username = unquote(user) or None
             password = unquote(secret) if colon else None
-        hosts = tuple(_parse_host(item, scheme) for item in netloc.split(",") if item) if netloc else ()
+        hosts = (
+            tuple(_parse_host(item, scheme) for item in netloc.split(",") if item) if netloc else ()
+        )
         if parts.fragment:
             raise ConfigError(f"{scheme}:// URL must not have a #fragment")
         try:

@@ -35,7 +35,9 @@ def check_token(kind: str, value: object) -> str | None:
     return value
 
 
-def check_outgoing(msg: Outgoing, *, max_bytes: int, max_headers: int, max_header_bytes: int) -> Outgoing:
+def check_outgoing(
+    msg: Outgoing, *, max_bytes: int, max_headers: int, max_header_bytes: int
+) -> Outgoing:
     """Validate one message and return it with a private copy of its headers."""
     if not isinstance(msg, Outgoing):
         raise InvalidMessage(f"expected brokerkit.Outgoing, got {type(msg).__name__}")
@@ -44,7 +46,9 @@ def check_outgoing(msg: Outgoing, *, max_bytes: int, max_headers: int, max_heade
         raise InvalidMessage(f"message body must be bytes, not {type(body).__name__}")
     body = bytes(body)
     if len(body) > max_bytes:
-        raise MessageTooLarge(f"message body is {len(body)} bytes; this broker takes at most {max_bytes}")
+        raise MessageTooLarge(
+            f"message body is {len(body)} bytes; this broker takes at most {max_bytes}"
+        )
     check_token("fifo_group", msg.fifo_group)
     check_token("dedup_id", msg.dedup_id)
     headers = check_headers(msg.headers, max_headers=max_headers, max_bytes=max_header_bytes)
@@ -55,7 +59,9 @@ def check_headers(headers: object, *, max_headers: int, max_bytes: int) -> dict[
     if headers is None:
         return {}
     if not isinstance(headers, Mapping):
-        raise InvalidMessage(f"headers must be a mapping of str to str, not {type(headers).__name__}")
+        raise InvalidMessage(
+            f"headers must be a mapping of str to str, not {type(headers).__name__}"
+        )
     if len(headers) > max_headers:
         raise InvalidMessage(f"{len(headers)} headers; at most {max_headers} are allowed")
     total = 0
@@ -69,7 +75,9 @@ def check_headers(headers: object, *, max_headers: int, max_bytes: int) -> dict[
         if not key:
             raise InvalidMessage("header names must not be empty")
         if key.lower().startswith(RESERVED_HEADER_PREFIX):
-            raise InvalidMessage(f"header {key!r}: the prefix {RESERVED_HEADER_PREFIX!r} is reserved")
+            raise InvalidMessage(
+                f"header {key!r}: the prefix {RESERVED_HEADER_PREFIX!r} is reserved"
+            )
         total += len(key.encode()) + len(value.encode())
         out[key] = value
     if total > max_bytes:
@@ -77,7 +85,9 @@ def check_headers(headers: object, *, max_headers: int, max_bytes: int) -> dict[
     return out
 
 
-def check_seconds(name: str, value: Any, *, allow_none: bool = False, positive: bool = False) -> float | None:
+def check_seconds(
+    name: str, value: Any, *, allow_none: bool = False, positive: bool = False
+) -> float | None:
     """A duration in seconds: a finite, non-negative number (positive when asked)."""
     if value is None and allow_none:
         return None

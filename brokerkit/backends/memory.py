@@ -149,7 +149,9 @@ class _Hub:
 
     def new_entry(self, msg: Outgoing, headers: Mapping[str, str] | None = None) -> _Entry:
         seq = next(self._seq)
-        return _Entry(seq, str(seq), msg.body, dict(headers or msg.headers), msg.fifo_group, msg.dedup_id)
+        return _Entry(
+            seq, str(seq), msg.body, dict(headers or msg.headers), msg.fifo_group, msg.dedup_id
+        )
 
     def wake(self) -> None:
         waiters, self._waiters = self._waiters, []

@@ -1,0 +1,333 @@
+"""KafkaBackend: the connection, topics, and publishing (the sync Producer + a poll thread).
+
+* publish -> ``Producer.produce(topic, body, key, headers, on_delivery=...)`` with
+  ``acks=all`` and ``enable.idempotence=true``; returns once every delivery report
+  arrived. The record key is the fifo_group (else the dedup id, else none), so a
+  group, and every copy of a dedup id, lives in one partition.
+* queue -> topic ``<prefix>.<queue>`` (``?partitions=``) plus DLQ topic
+  ``<prefix>-dlq.<queue>`` (one partition: total death order), created with the
+  AdminClient on first use (TOPIC_ALREADY_EXISTS is success) and awaited in the
+  metadata before use.
+* subscribe -> a ``_Receiver`` (one Consumer in its own thread) in Kafka group
+  ``<prefix>.<queue>.<group>`` (``<prefix>-dlq.<queue>.<group>`` for the DLQ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from brokerkit._errors import BrokerkitError, ConfigError
+from brokerkit._message import Outgoing, PublishResult
+from brokerkit._retry import retry_unavailable
+from brokerkit._url import BrokerURL, HostPort
+from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSettings
+from brokerkit.backends.kafka._errors import is_transient, map_error
+from brokerkit.backends.kafka._options import (
+    LOG,
+    KafkaOptions,
+    bootstrap_hosts,
+    client_config,
+    hosts_from_servers,
+    options_from_url,
+)
+
+__all__ = ["DEDUP_HEADER", "GROUP_HEADER", "KafkaBackend"]
+
+GROUP_HEADER = "x-brokerkit-fifo-group"
+DEDUP_HEADER = "x-brokerkit-dedup-id"
+
+MAX_BODY = 900 * 1024
+"""Largest body: librdkafka's ``message.max.bytes`` (1 MB) minus headers, key and framing."""
+
+_TOPIC_READY_TIMEOUT = 15.0
+
+
+def _on_error(err: KafkaError) -> None:
+    LOG.debug("kafka client error: %s", err)
+
+
+class KafkaBackend(Backend):
+    """``kafka://host1:9092,host2:9092?partitions=6&dedup_window=300``.
+
+    See ``docs/backends/kafka.md`` for how every verb maps to Kafka.
+    """
+
+    schemes = ("kafka",)
+
+    def __init__(
+        self, conf: Mapping[str, Any], options: KafkaOptions, hosts: Sequence[HostPort]
+    ) -> None:
+        self.options = options
+        self.hosts = tuple(hosts)
+        self._conf = dict(conf)
+        self._conf.setdefault("logger", LOG)
+        self._conf.setdefault("error_cb", _on_error)
+        self.capabilities = Capabilities(
+            max_message_bytes=MAX_BODY,
+            dedup_window=options.dedup_window,
+            dedup_window_configurable=True,
+            fan_out=True,
+            redelivery_slack=2.5,
+            ack_flush_interval=0.1,
+            extras={"partitions": options.partitions, "topic_prefix": options.topic_prefix},
+        )
+        self._admin: AdminClient | None = None
+        self._producer: Producer | None = None
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._topics: dict[str, asyncio.Future[None]] = {}
+        self._receivers: set[Receiver] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<KafkaBackend {', '.join(str(h) for h in self.hosts)}>"
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: BrokerURL) -> KafkaBackend:
+        options = options_from_url(url)
+        return cls(client_config(url, options), options, bootstrap_hosts(url))
+
+    @classmethod
+    def from_config(cls, conf: Mapping[str, Any], **options: Any) -> KafkaBackend:
+        """A backend from the user's own librdkafka settings (``bootstrap.servers``, SASL, TLS...).
+
+        ``options`` are the URL query options as keywords (``partitions=12``).
+        Use it with ``brokerkit.from_backend(KafkaBackend.from_config({...}))``.
+        """
+        servers = conf.get("bootstrap.servers")
+        if not isinstance(servers, str) or not servers:
+            raise ConfigError("KafkaBackend.from_config needs 'bootstrap.servers'")
+        try:
+            parsed = KafkaOptions.model_validate(options)
+        except Exception as exc:
+            names = ", ".join(sorted(KafkaOptions.model_fields))
+            raise ConfigError(f"KafkaBackend.from_config: bad options (known: {names})") from exc
+        return cls(conf, parsed, hosts_from_servers(servers))
+
+    # -- topics and groups --------------------------------------------------------------------
+
+    def topic(self, queue: str, *, dead_letters: bool = False) -> str:
+        prefix = self.options.topic_prefix
+        return f"{prefix}-dlq.{queue}" if dead_letters else f"{prefix}.{queue}"
+
+    def group_id(self, queue: str, group: str, *, dead_letters: bool = False) -> str:
+        return f"{self.topic(queue, dead_letters=dead_letters)}.{group}"
+
+    def consumer_config(self, group_id: str) -> dict[str, Any]:
+        conf = {k: v for k, v in self._conf.items() if k != "error_cb"}
+        conf.update(
+            {
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": int(self.options.session_timeout * 1000),
+                "heartbeat.interval.ms": int(self.options.heartbeat_interval * 1000),
+                "fetch.wait.max.ms": 100,
+                "enable.partition.eof": False,
+                "error_cb": _on_error,
+            }
+        )
+        return conf
+
+    async def ensure_queue(self, queue: str) -> None:
+        """Create the queue's topic and DLQ topic once (per connection), concurrency-safe."""
+        fut = self._topics.get(queue)
+        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+            fut = asyncio.ensure_future(asyncio.to_thread(self._create_topics, queue))
+            self._topics[queue] = fut
+        await asyncio.shield(fut)
+
+    def _create_topics(self, queue: str) -> None:
+        admin = self._live_admin()
+        opts = self.options
+        wanted = {
+            self.topic(queue): opts.partitions,
+            self.topic(queue, dead_letters=True): 1,
+        }
+        try:
+            futures = admin.create_topics(
+                [NewTopic(t, n, opts.replication_factor) for t, n in wanted.items()],
+                operation_timeout=10,
+                request_timeout=15,
+            )
+            for fut in futures.values():
+                try:
+                    fut.result()
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                        raise
+            deadline = time.monotonic() + _TOPIC_READY_TIMEOUT
+            for name in wanted:
+                while not self._topic_ready(admin, name):
+                    if time.monotonic() > deadline:
+                        raise BrokerkitError(f"kafka: topic {name!r} did not appear in the metadata")
+                    time.sleep(0.05)
+        except BrokerkitError:
+            raise
+        except Exception as exc:
+            raise map_error(exc, self.hosts) from exc
+
+    @staticmethod
+    def _topic_ready(admin: AdminClient, name: str) -> bool:
+        meta = admin.list_topics(topic=name, timeout=5).topics.get(name)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return False
+        return all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def _live_admin(self) -> AdminClient:
+        if self._admin is None:
+            raise BrokerkitError("kafka backend is not open")
+        return self._admin
+
+    def _live_producer(self) -> Producer:
+        if self._producer is None:
+            raise BrokerkitError("kafka backend is not open")
+        return self._producer
+
+    async def open(self) -> None:
+        """AdminClient.list_topics with a bounded retry; then the producer and its poll thread."""
+        admin = AdminClient(dict(self._conf))
+
+        async def probe() -> None:
+            await asyncio.to_thread(admin.list_topics, timeout=2.0)
+
+        await retry_unavailable(
+            probe, what="Kafka", hosts=self.hosts, is_transient=is_transient, deadline=10.0
+        )
+        conf = dict(self._conf)
+        conf.update(
+            {
+                "acks": "all",
+                "enable.idempotence": True,
+                "partitioner": "murmur2_random",
+                "linger.ms": 2,
+                "message.max.bytes": 1_000_000,
+            }
+        )
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as exc:
+            raise map_error(exc, self.hosts) from exc
+        self._admin = admin
+        self._poller = threading.Thread(
+            target=self._poll_loop, name="brokerkit-kafka-producer", daemon=True
+        )
+        self._poller.start()
+
+    def _poll_loop(self) -> None:
+        producer = self._live_producer()
+        while not self._stop.is_set():
+            producer.poll(0.05)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for receiver in list(self._receivers):
+            await receiver.aclose()
+        producer = self._producer
+        if producer is not None:
+            await asyncio.to_thread(producer.flush, 10.0)
+        self._stop.set()
+        if self._poller is not None:
+            await asyncio.to_thread(self._poller.join, 5.0)
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        await self.ensure_queue(queue)
+        topic = self.topic(queue)
+        futures = []
+        for msg in messages:
+            headers = dict(msg.headers)
+            if msg.fifo_group is not None:
+                headers[GROUP_HEADER] = msg.fifo_group
+            if msg.dedup_id is not None:
+                headers[DEDUP_HEADER] = msg.dedup_id
+            key = msg.fifo_group if msg.fifo_group is not None else msg.dedup_id
+            futures.append(await self.produce(topic, msg.body, key, headers))
+        results = []
+        for fut in futures:
+            partition, offset = await fut
+            results.append(PublishResult(f"{partition}-{offset}", duplicate=None))
+        return results
+
+    async def produce(
+        self, topic: str, body: bytes, key: str | None, headers: Mapping[str, str]
+    ) -> asyncio.Future[tuple[int, int]]:
+        """Hand one record to librdkafka; the future resolves with its delivery report."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, int]] = loop.create_future()
+        hosts = self.hosts
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                loop.call_soon_threadsafe(_fail, fut, map_error(KafkaException(err), hosts))
+            else:
+                loop.call_soon_threadsafe(_resolve, fut, (msg.partition(), msg.offset()))
+
+        producer = self._live_producer()
+        record_headers = [(k, v.encode()) for k, v in headers.items()]
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    value=body,
+                    key=key.encode() if key is not None else None,
+                    headers=record_headers,
+                    on_delivery=delivered,
+                )
+                return fut
+            except BufferError as exc:
+                if time.monotonic() > deadline:
+                    raise map_error(exc, hosts) from exc
+                await asyncio.sleep(0.005)
+            except KafkaException as exc:
+                raise map_error(exc, hosts) from exc
+
+    # -- consuming ----------------------------------------------------------------------------
+
+    async def subscribe(
+        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
+    ) -> Receiver:
+        from brokerkit.backends.kafka._receiver import KafkaReceiver
+
+        await self.ensure_queue(queue)
+        receiver = KafkaReceiver(
+            self,
+            queue,
+            self.topic(queue, dead_letters=dead_letters),
+            self.group_id(queue, group, dead_letters=dead_letters),
+            settings,
+        )
+        await receiver.start()
+        self._receivers.add(receiver)
+        return receiver
+
+    def forget(self, receiver: Receiver) -> None:
+        self._receivers.discard(receiver)
+
+
+def _resolve(fut: asyncio.Future[tuple[int, int]], value: tuple[int, int]) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _fail(fut: asyncio.Future[tuple[int, int]], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

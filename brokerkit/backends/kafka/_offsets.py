@@ -1,0 +1,178 @@
+"""Pure bookkeeping for one partition: the commit-metadata codec and the dedup memory.
+
+Kafka commits one offset per partition: "everything below C is done". brokerkit
+settles messages one by one, so the state of the offsets at and above C travels
+in the commit's metadata string (bounded by the broker's
+``offset.metadata.max.bytes``, 4096 by default):
+
+* ``SETTLED`` for a record acked, dead-lettered or skipped as a duplicate above C,
+  so a new owner does not hand it out again;
+* the number of deliveries so far (``count >= 1``) for a record that was handed
+  out and not settled, so ``attempt`` survives a crash or a rebalance;
+* optionally the wall-clock time (ms) before which a nacked record must not be
+  delivered again.
+
+Offsets not mentioned are "never delivered" (count 0). The format is
+``bk1`` followed by ``;gap.len.state`` runs (base 36): ``gap`` offsets after the
+previous run's end (the first run counts from C), ``len`` consecutive offsets,
+``state`` = ``s`` or ``<count>[@<due_ms>]``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "METADATA_BUDGET",
+    "SETTLED",
+    "DedupMemory",
+    "OffsetState",
+    "decode_metadata",
+    "encode_metadata",
+]
+
+SETTLED = -1
+"""The ``count`` of a settled offset."""
+
+METADATA_BUDGET = 3800
+"""Characters of commit metadata we allow ourselves (the broker default limit is 4096)."""
+
+_PREFIX = "bk1"
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetState:
+    """What is durable about one offset at or above the commit point."""
+
+    count: int
+    """Deliveries so far, or SETTLED."""
+    due_ms: int = 0
+    """Not to be delivered again before this wall-clock time (ms since the epoch)."""
+
+
+def _b36(n: int) -> str:
+    if n < 0:
+        raise ValueError("negative")
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if not n:
+            return out
+
+
+def _state_text(state: OffsetState) -> str:
+    if state.count == SETTLED:
+        return "s"
+    text = _b36(state.count)
+    return f"{text}@{_b36(state.due_ms)}" if state.due_ms else text
+
+
+def encode_metadata(
+    commit: int, states: Iterable[tuple[int, OffsetState]], budget: int = METADATA_BUDGET
+) -> str:
+    """Encode ``(offset, state)`` pairs (ascending offsets, all ``>= commit``).
+
+    States of count 0 are omitted. When the text would exceed ``budget``, the
+    highest offsets are dropped (they then read as "never delivered": the only
+    loss is a possible re-delivery or an undercounted attempt, never a lost message).
+    """
+    parts = [_PREFIX]
+    size = len(_PREFIX)
+    prev_end = commit
+    run_start = run_len = 0
+    run_text: str | None = None
+
+    def flush() -> bool:
+        nonlocal size, prev_end
+        if run_text is None:
+            return True
+        token = f";{_b36(run_start - prev_end)}.{_b36(run_len)}.{run_text}"
+        if size + len(token) > budget:
+            return False
+        parts.append(token)
+        size += len(token)
+        prev_end = run_start + run_len
+        return True
+
+    for offset, state in states:
+        if offset < commit or state.count == 0:
+            continue
+        text = _state_text(state)
+        if run_text == text and offset == run_start + run_len:
+            run_len += 1
+            continue
+        if not flush():
+            return "".join(parts)
+        run_start, run_len, run_text = offset, 1, text
+    flush()
+    return "".join(parts)
+
+
+def decode_metadata(commit: int, metadata: str | None) -> dict[int, OffsetState]:
+    """The states encoded by ``encode_metadata``; foreign or damaged text reads as empty."""
+    if not metadata or not metadata.startswith(_PREFIX):
+        return {}
+    out: dict[int, OffsetState] = {}
+    prev_end = commit
+    try:
+        for token in metadata[len(_PREFIX) :].split(";")[1:]:
+            gap_text, len_text, state_text = token.split(".")
+            start = prev_end + int(gap_text, 36)
+            length = int(len_text, 36)
+            if state_text == "s":
+                state = OffsetState(SETTLED)
+            else:
+                count_text, _, due_text = state_text.partition("@")
+                state = OffsetState(int(count_text, 36), int(due_text, 36) if due_text else 0)
+            for offset in range(start, start + length):
+                out[offset] = state
+            prev_end = start + length
+    except ValueError:
+        return {}
+    return out
+
+
+class DedupMemory:
+    """Dedup ids of one partition, judged by record timestamps (ms).
+
+    Invariant: a record is a duplicate iff an earlier record of the same
+    partition, itself not a duplicate, carried the same dedup id and a timestamp
+    less than ``window`` before it. Every owner of the partition reads the same
+    log in the same order, so every owner reaches the same verdicts.
+    """
+
+    __slots__ = ("_first", "_order", "window_ms")
+
+    def __init__(self, window: float) -> None:
+        self.window_ms = int(window * 1000)
+        self._first: dict[str, int] = {}
+        self._order: deque[tuple[int, str]] = deque()
+
+    def _expire(self, now_ms: int) -> None:
+        order, first = self._order, self._first
+        while order and order[0][0] <= now_ms - self.window_ms:
+            ts, key = order.popleft()
+            if first.get(key) == ts:
+                del first[key]
+
+    def is_duplicate(self, dedup_id: str, timestamp_ms: int) -> bool:
+        """Judge one record (call in offset order); remembers it when it is not a duplicate."""
+        self._expire(timestamp_ms)
+        seen = self._first.get(dedup_id)
+        if seen is not None and timestamp_ms - seen < self.window_ms:
+            return True
+        self._first[dedup_id] = timestamp_ms
+        self._order.append((timestamp_ms, dedup_id))
+        return False
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+
+def restored_states(states: Mapping[int, OffsetState], start: int) -> dict[int, OffsetState]:
+    """The decoded states at or above ``start`` (what a new owner still has to honour)."""
+    return {offset: state for offset, state in states.items() if offset >= start}

@@ -1,0 +1,245 @@
+"""RedisBackend: the connection, publishing and subscribing."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, cast
+
+from pydantic import ValidationError
+from redis import exceptions as rex
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from brokerkit._errors import ConfigError
+from brokerkit._message import Outgoing, PublishResult
+from brokerkit._options import parse_options
+from brokerkit._url import BrokerURL, HostPort
+from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSettings
+from brokerkit.backends.redis_streams import _lua
+from brokerkit.backends.redis_streams._errors import Runner, map_error
+from brokerkit.backends.redis_streams._keys import Keys, Script, encode_outgoing, run_script
+from brokerkit.backends.redis_streams._options import RedisOptions
+
+__all__ = ["RedisBackend"]
+
+DEFAULT_PORT = 6379
+_PIPELINE_CHUNK = 2000
+
+
+class Scripts:
+    """The Lua scripts of ``_lua``, each with its SHA."""
+
+    def __init__(self) -> None:
+        self.take = Script.of(_lua.TAKE)
+        self.ack = Script.of(_lua.ACK)
+        self.nack = Script.of(_lua.NACK)
+        self.dead = Script.of(_lua.DEAD)
+        self.extend = Script.of(_lua.EXTEND)
+        self.publish_dedup = Script.of(_lua.PUBLISH_DEDUP)
+        self.trim = Script.of(_lua.TRIM)
+        self.forget_consumer = Script.of(_lua.FORGET_CONSUMER)
+
+
+SCRIPTS = Scripts()
+
+
+class RedisBackend(Backend):
+    """Redis Streams (Redis >= 7.0) through ``redis.asyncio``.
+
+    Verbs -> Redis (all multi-step verbs are one Lua script, see ``_lua``):
+
+    * publish -> ``XADD`` (pipelined for ``publish_many``); with a dedup_id ->
+      script ``GET``/``XADD``/``SET PX`` on ``<prefix>{queue}:dd:<id>``;
+    * subscribe -> ``XGROUP CREATE <stream> <group> 0 MKSTREAM`` (new groups start at
+      the oldest retained entry);
+    * receive -> script: ``XCLAIM`` due entries (expired leases, ended nack delays, ready
+      fifo heads) + ``XREADGROUP >``, lease = ``ZADD due``; then ``XREAD BLOCK`` to wait;
+    * ack -> script ``XACK`` + ``ZREM due`` (+ the next fifo entry becomes due), coalesced;
+    * nack -> script ``XCLAIM JUSTID`` to the park consumer + ``ZADD due now+delay``;
+    * dead_letter -> script ``XADD <prefix>{queue}:d`` + ``XACK``;
+    * extend -> script ``ZADD due now+ack_timeout``.
+
+    Build it from a URL, or around your own client with :meth:`from_client`.
+    """
+
+    schemes = ("redis", "rediss")
+
+    def __init__(
+        self,
+        client: Redis,
+        options: RedisOptions,
+        hosts: Sequence[HostPort],
+        *,
+        owns_client: bool,
+    ) -> None:
+        self.client = client
+        self.options = options
+        self.hosts = tuple(hosts)
+        self.keys = Keys(options.prefix)
+        self.run = Runner(self.hosts)
+        self.scripts = SCRIPTS
+        self._owns_client = owns_client
+        self._groups: set[tuple[str, str]] = set()
+        self._closed = False
+        self.capabilities = Capabilities(
+            max_message_bytes=options.max_message_bytes,
+            dedup_window=options.dedup_window,
+            dedup_window_configurable=True,
+            fan_out=True,
+            max_nack_delay=30 * 86400.0,
+            lease_granularity=0.001,
+            redelivery_slack=options.poll_interval + 0.25,
+            ack_flush_interval=options.ack_flush_interval,
+        )
+
+    def __repr__(self) -> str:
+        return f"<RedisBackend {', '.join(str(h) for h in self.hosts)}>"
+
+    @classmethod
+    def from_url(cls, url: BrokerURL) -> RedisBackend:
+        """``redis://[[user]:password@]host[:port][/db]?options``; ``rediss://`` for TLS. No I/O."""
+        options = parse_options(url, RedisOptions)
+        if len(url.hosts) > 1:
+            raise ConfigError(f"{url.scheme}:// URL takes one host (use a Redis proxy for more)")
+        host = url.hosts[0] if url.hosts else HostPort("127.0.0.1")
+        port = host.port or DEFAULT_PORT
+        db_text = url.path.strip("/") or "0"
+        if not db_text.isdigit():
+            raise ConfigError(f"{url.scheme}:// URL path must be a database number, like /0")
+        tls = url.scheme == "rediss"
+        tls_set = {"ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname"} & options.model_fields_set
+        if tls_set and not tls:
+            raise ConfigError(f"{', '.join(sorted(tls_set))} need a rediss:// URL")
+        tls_kwargs: dict[str, Any] = {}
+        if tls:
+            tls_kwargs = {
+                "ssl": True,
+                "ssl_ca_certs": options.ssl_ca_certs,
+                "ssl_cert_reqs": options.ssl_cert_reqs,
+                "ssl_check_hostname": options.ssl_check_hostname,
+            }
+        client = Redis(
+            host=host.host,
+            port=port,
+            db=int(db_text),
+            username=url.username,
+            password=url.password,
+            socket_timeout=options.socket_timeout,
+            socket_connect_timeout=options.connect_timeout,
+            retry=Retry(NoBackoff(), 0),  # brokerkit's bounded retry decides, in one place
+            decode_responses=False,
+            **tls_kwargs,
+        )
+        return cls(client, options, (HostPort(host.host, port),), owns_client=True)
+
+    @classmethod
+    def from_client(cls, client: Redis, **options: Any) -> RedisBackend:
+        """A backend around your own ``redis.asyncio.Redis`` (``decode_responses=False``).
+
+        ``options`` are the URL query options as keywords. The client stays yours:
+        closing the broker does not close it. Wrap with ``brokerkit.from_backend``.
+        """
+        try:
+            parsed = RedisOptions(**options)
+        except ValidationError as exc:
+            names = ", ".join(sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]}))
+            raise ConfigError(f"bad RedisBackend option(s): {names}") from None
+        kwargs = client.connection_pool.connection_kwargs
+        if kwargs.get("decode_responses"):
+            raise ConfigError("RedisBackend.from_client needs a client with decode_responses=False")
+        host = HostPort(str(kwargs.get("host", "localhost")), int(kwargs.get("port", DEFAULT_PORT)))
+        return cls(client, parsed, (host,), owns_client=False)
+
+    async def open(self) -> None:
+        """``PING`` with a bounded retry (BrokerUnavailable naming host:port), then ``INFO``."""
+        await self.run(self.client.ping)
+        info = cast(dict[str, Any], await self.run(lambda: self.client.execute_command("INFO", "server")))
+        version = str(info.get("redis_version", ""))
+        self.capabilities = dataclasses.replace(
+            self.capabilities, extras={"server": "redis", "server_version": version}
+        )
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            try:
+                await self.client.aclose()
+            except (rex.RedisError, OSError):
+                pass
+
+    async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """``XADD`` each (pipelined, in order); a dedup_id goes through the dedup script.
+
+        A retry after a lost connection may publish a message without dedup_id twice
+        (at-least-once); messages with a dedup_id never are.
+        """
+        stream = self.keys.stream(queue)
+        if len(messages) == 1 and messages[0].dedup_id is None:
+            fields = encode_outgoing(messages[0])
+            entry_id = await self.run(
+                lambda: self.client.execute_command("XADD", stream, "*", *fields)
+            )
+            return [PublishResult(entry_id.decode(), duplicate=False)]
+        results: list[PublishResult] = []
+        for start in range(0, len(messages), _PIPELINE_CHUNK):
+            chunk = messages[start : start + _PIPELINE_CHUNK]
+            replies = await self.run(lambda chunk=chunk: self._publish_chunk(queue, stream, chunk))
+            for reply in replies:
+                if isinstance(reply, list):
+                    results.append(PublishResult(reply[0].decode(), duplicate=bool(reply[1])))
+                else:
+                    results.append(PublishResult(reply.decode(), duplicate=False))
+        return results
+
+    async def _publish_chunk(self, queue: str, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
+        window_ms = max(1, round(self.options.dedup_window * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        for msg in chunk:
+            fields = encode_outgoing(msg)
+            if msg.dedup_id is None:
+                pipe.execute_command("XADD", stream, "*", *fields)
+            else:
+                # EVAL, not EVALSHA: a pipeline cannot recover from NOSCRIPT midway
+                dedup_key = self.keys.dedup(queue, msg.dedup_id)
+                script = self.scripts.publish_dedup.text
+                pipe.execute_command("EVAL", script, 2, stream, dedup_key, window_ms, *fields)
+        return cast(list[Any], await pipe.execute())
+
+    async def ensure_group(self, stream: str, group: str) -> None:
+        """``XGROUP CREATE stream group 0 MKSTREAM``; BUSYGROUP (already there) is fine."""
+        if (stream, group) in self._groups:
+            return
+
+        async def create() -> None:
+            try:
+                await self.client.execute_command("XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
+            except rex.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+        await self.run(create)
+        self._groups.add((stream, group))
+
+    def forget_group(self, stream: str, group: str) -> None:
+        self._groups.discard((stream, group))
+
+    async def script(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run a Lua script through the one error-mapping path."""
+        return await self.run(lambda: run_script(self.client, script, keys, args))
+
+    async def subscribe(
+        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
+    ) -> Receiver:
+        from brokerkit.backends.redis_streams._receiver import RedisReceiver
+
+        stream = self.keys.stream(queue, dead_letters)
+        await self.ensure_group(stream, group)
+        return RedisReceiver(self, stream, self.keys.stream(queue, True), group, settings)
+
+
+def _unused() -> None:  # keeps map_error imported for readers following the error path
+    _ = map_error

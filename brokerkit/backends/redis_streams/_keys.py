@@ -1,0 +1,112 @@
+"""Key layout, entry encoding and script calls: the small pure pieces shared by both halves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis import exceptions as rex
+from redis.asyncio import Redis
+
+from brokerkit._message import Outgoing
+from brokerkit.backends.base import Delivery
+
+__all__ = ["Keys", "Script", "decode_entry", "encode_entry", "run_script"]
+
+# Entry fields: short names keep entries small; "b" body, "g" fifo_group, "d" dedup_id,
+# "h" headers as one JSON object (ASCII-escaped, so every str round-trips exactly).
+F_BODY, F_GROUP, F_DEDUP, F_HEADERS = b"b", b"g", b"d", b"h"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Every key of a queue carries the queue name as a ``{hash tag}`` (one cluster slot)."""
+
+    prefix: str
+
+    def base(self, queue: str) -> str:
+        return f"{self.prefix}{{{queue}}}"
+
+    def stream(self, queue: str, dead_letters: bool = False) -> str:
+        """``<prefix>{queue}:s`` the queue, ``<prefix>{queue}:d`` its DLQ."""
+        return self.base(queue) + (":d" if dead_letters else ":s")
+
+    def dedup(self, queue: str, dedup_id: str) -> str:
+        return f"{self.base(queue)}:dd:{dedup_id}"
+
+    @staticmethod
+    def group(stream: str, group: str) -> tuple[str, str, str]:
+        """(due ZSET, bell stream, fifo list prefix) of one consumer group of ``stream``."""
+        base = f"{stream}:g:{group}:"
+        return base + "due", base + "bell", base + "f:"
+
+
+def encode_entry(
+    body: bytes,
+    fifo_group: str | None,
+    dedup_id: str | None,
+    headers: Mapping[str, str],
+) -> list[bytes]:
+    """The stream entry of a message as a flat field/value list (body first)."""
+    fields = [F_BODY, body]
+    if fifo_group is not None:
+        fields += (F_GROUP, fifo_group.encode())
+    if dedup_id is not None:
+        fields += (F_DEDUP, dedup_id.encode())
+    if headers:
+        fields += (F_HEADERS, json.dumps(dict(headers), separators=(",", ":")).encode())
+    return fields
+
+
+def encode_outgoing(msg: Outgoing) -> list[bytes]:
+    return encode_entry(msg.body, msg.fifo_group, msg.dedup_id, msg.headers)
+
+
+def decode_entry(entry_id: bytes, flat: Sequence[bytes], count: int) -> Delivery:
+    """A Delivery from an entry id, its flat field list and its PEL delivery count."""
+    body = b""
+    fifo_group = dedup_id = None
+    headers: dict[str, str] = {}
+    for i in range(0, len(flat) - 1, 2):
+        name, value = flat[i], flat[i + 1]
+        if name == F_BODY:
+            body = value
+        elif name == F_GROUP:
+            fifo_group = value.decode()
+        elif name == F_DEDUP:
+            dedup_id = value.decode()
+        elif name == F_HEADERS:
+            headers = json.loads(value)
+    count = int(count)
+    return Delivery(
+        id=entry_id.decode(),
+        body=body,
+        headers=headers,
+        fifo_group=fifo_group,
+        dedup_id=dedup_id,
+        attempt=count,
+        receipt=(entry_id, count),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script called by SHA; the text is sent once when the server lacks it."""
+
+    text: str
+    sha: str
+
+    @classmethod
+    def of(cls, text: str) -> Script:
+        return cls(text, hashlib.sha1(text.encode()).hexdigest())
+
+
+async def run_script(client: Redis, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """EVALSHA, falling back to EVAL (which caches it) after a restart or SCRIPT FLUSH."""
+    try:
+        return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+    except rex.NoScriptError:
+        return await client.execute_command("EVAL", script.text, len(keys), *keys, *args)

@@ -1,0 +1,26 @@
+"""The brokerkit contract suite: one test per behaviour of CONTRACT.md, public API only.
+
+Run it against any URL: ``pytest contract_tests --broker-url URL`` (repeatable),
+or ``BROKERKIT_URLS=url1,url2``, or ``brokerkit check URL``. Default: ``memory://``.
+"""
+
+BEHAVIOURS = (
+    "connect",
+    "publish",
+    "ack",
+    "nack",
+    "nack delay",
+    "lease expiry",
+    "attempt durability",
+    "DLQ",
+    "redrive",
+    "dedup",
+    "dedup window",
+    "dedup race",
+    "FIFO order",
+    "FIFO exclusivity",
+    "FIFO parallelism",
+    "limits",
+    "errors",
+)
+"""The behaviours of CONTRACT.md section 9, in the order ``brokerkit check`` prints them."""

@@ -21,7 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    NewTopic,  # type: ignore[attr-defined]
+)
 
 from brokerkit._errors import BrokerkitError, ConfigError
 from brokerkit._message import Outgoing, PublishResult
@@ -166,13 +169,16 @@ class KafkaBackend(Backend):
                     fut.result()
                 except KafkaException as exc:
                     err = exc.args[0] if exc.args else None
-                    if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+                    exists = isinstance(err, KafkaError) and (
+                        err.code() == KafkaError.TOPIC_ALREADY_EXISTS
+                    )
+                    if not exists:
                         raise
             deadline = time.monotonic() + _TOPIC_READY_TIMEOUT
             for name in wanted:
                 while not self._topic_ready(admin, name):
                     if time.monotonic() > deadline:
-                        raise BrokerkitError(f"kafka: topic {name!r} did not appear in the metadata")
+                        raise BrokerkitError(f"kafka: topic {name!r} is not in the metadata")
                     time.sleep(0.05)
         except BrokerkitError:
             raise
@@ -281,7 +287,9 @@ class KafkaBackend(Backend):
                 loop.call_soon_threadsafe(_resolve, fut, (msg.partition(), msg.offset()))
 
         producer = self._live_producer()
-        record_headers = [(k, v.encode()) for k, v in headers.items()]
+        record_headers: list[tuple[str, str | bytes | None]] = [
+            (k, v.encode()) for k, v in headers.items()
+        ]
         deadline = time.monotonic() + 30.0
         while True:
             try:

@@ -21,10 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import (
-    AdminClient,
-    NewTopic,  # type: ignore[attr-defined]
-)
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from brokerkit._errors import BrokerkitError, ConfigError
 from brokerkit._message import Outgoing, PublishResult

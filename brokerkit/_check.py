@@ -1,0 +1,87 @@
+"""``brokerkit check``: run the installed contract suite against a URL, summarise by behaviour."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokerkit._errors import ConfigError
+from brokerkit._url import BrokerURL
+
+PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
+
+
+@dataclass
+class _Collector:
+    """A pytest plugin object: maps each test to its behaviour and records outcomes."""
+
+    behaviour_of: dict[str, str] = field(default_factory=dict)
+    outcomes: dict[str, list[str]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def pytest_collection_modifyitems(self, items: list[Any]) -> None:
+        for item in items:
+            marker = item.get_closest_marker("behaviour")
+            if marker is not None:
+                self.behaviour_of[item.nodeid] = marker.args[0]
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        behaviour = self.behaviour_of.get(report.nodeid)
+        if behaviour is None:
+            return
+        if report.when == "call" or report.outcome != "passed":
+            self.outcomes.setdefault(behaviour, []).append(report.outcome)
+            if report.outcome == "failed":
+                self.failures.append(report.nodeid)
+
+
+def run_check(url: str, *, pytest_args: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Run the suite against ``url``: the result object of CONTRACT.md section 9, failed tests."""
+    parsed = BrokerURL.parse(url)
+    try:
+        import pytest
+
+        import contract_tests
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"brokerkit check needs {exc.name!r}: pip install 'brokerkit[check]'"
+        ) from None
+    from brokerkit._registry import backend_class
+
+    backend = backend_class(parsed.scheme)
+    suite = Path(contract_tests.__file__).parent
+    collector = _Collector()
+    args = [
+        str(suite),
+        "-c",
+        str(suite / "suite.ini"),
+        "--rootdir",
+        str(suite),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--run-slow",
+        "--broker-url",
+        url,
+        *(pytest_args or []),
+    ]
+    with contextlib.redirect_stdout(sys.stderr):
+        pytest.main(args, plugins=[collector])
+    results: dict[str, str] = {}
+    for behaviour in contract_tests.BEHAVIOURS:
+        outcomes = collector.outcomes.get(behaviour, [])
+        if "failed" in outcomes or "passed" not in outcomes:
+            results[behaviour] = FAIL  # a mandatory behaviour with no passing test has failed
+        else:
+            results[behaviour] = PASS
+    summary = {
+        "url": parsed.redacted(),
+        "backend": f"{backend.__module__}.{backend.__qualname__}",
+        "results": results,
+        "passed": sum(1 for r in results.values() if r == PASS),
+        "failed": sum(1 for r in results.values() if r == FAIL),
+    }
+    return summary, collector.failures

@@ -1,0 +1,60 @@
+"""The ``brokerkit`` command: demo, check."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import click
+
+from brokerkit._errors import BrokerkitError
+
+DEFAULT_URL = "memory://"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="brokerkit")
+def main() -> None:
+    """brokerkit: one producer/consumer API on Redis, SQS, Kafka, RabbitMQ and NATS."""
+
+
+@main.command()
+@click.argument("url", default=DEFAULT_URL)
+def demo(url: str) -> None:
+    """Run the signup-email worker scenario against URL (default memory://)."""
+    from brokerkit._demo import run_demo
+
+    try:
+        ok = asyncio.run(run_demo(url))
+    except BrokerkitError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    sys.exit(0 if ok else 1)
+
+
+@main.command()
+@click.argument("url", default=DEFAULT_URL)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (CONTRACT.md §9).")
+@click.option("-k", "select", default=None, help="Only tests matching this pytest expression.")
+def check(url: str, as_json: bool, select: str | None) -> None:
+    """Run the contract suite against URL and report each behaviour.
+
+    Exit status 0 only when every mandatory behaviour passes. Slow tests (the
+    dedup window of a broker that fixes it) run too.
+    """
+    from brokerkit._check import run_check
+
+    try:
+        summary, failures = run_check(url, pytest_args=["-k", select] if select else None)
+    except BrokerkitError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(f"\nbrokerkit check {summary['url']}  ({summary['backend']})")
+        for behaviour, result in summary["results"].items():
+            click.echo(f"  {behaviour:<20} {result}")
+        click.echo(f"{summary['passed']} passed, {summary['failed']} failed")
+        for nodeid in failures:
+            click.echo(f"  failed: {nodeid}", err=True)
+    sys.exit(0 if summary["failed"] == 0 else 1)

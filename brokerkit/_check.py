@@ -38,7 +38,9 @@ class _Collector:
                 self.failures.append(report.nodeid)
 
 
-def run_check(url: str, *, pytest_args: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+def run_check(
+    url: str, *, pytest_args: list[str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Run the suite against ``url``: the result object of CONTRACT.md section 9, failed tests."""
     parsed = BrokerURL.parse(url)
     try:

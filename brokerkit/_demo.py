@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import brokerkit
 
 MAX_ATTEMPTS = 3
+DAVE_STEPS = ["create account", "verify email", "send welcome"]
 DEADLINE = 90.0
 
 
@@ -23,9 +25,14 @@ class _Story:
     dave: list[str] = field(default_factory=list)
     attempts: dict[str, int] = field(default_factory=dict)
     dead: list[brokerkit.Message] = field(default_factory=list)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    extra: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def done(self) -> bool:
-        return len(self.sent) >= 6 and len(self.dead) >= 1
+    def update(self) -> None:
+        if len(self.sent) >= 6 and len(self.dead) >= 1:
+            self.finished.set()
+        if len(self.sent) > 6:
+            self.extra.set()
 
 
 def _say(story: _Story, text: str, out: Callable[[str], None]) -> None:
@@ -36,6 +43,7 @@ async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
     """Run the scenario against ``url``; True when everything happened as promised."""
     run = uuid.uuid4().hex[:8]
     queue = f"signup-emails-{run}"
+    dave = f"customer-dave-{run}"
     story = _Story()
     async with brokerkit.connect(url) as broker:
         out(f"brokerkit demo on {broker.url.redacted()}  (queue {queue})")
@@ -47,13 +55,13 @@ async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
             brokerkit.Outgoing(b"carol@example.com", dedup_id=f"{run}-carol"),  # a double click
         ]
         jobs += [
-            brokerkit.Outgoing(f"dave@example.com:{step}".encode(), fifo_group=f"customer-dave-{run}")
-            for step in ("create account", "verify email", "send welcome")
+            brokerkit.Outgoing(f"dave@example.com:{step}".encode(), fifo_group=dave)
+            for step in DAVE_STEPS
         ]
         results = await broker.publish_many(queue, jobs)
         dupes = sum(1 for r in results if r.duplicate)
         told = any(r.duplicate is not None for r in results)
-        note = f"{dupes} suppressed by dedup id" if told else "duplicates are dropped before delivery"
+        note = f"{dupes} suppressed by dedup id" if told else "duplicates dropped before delivery"
         _say(story, f"producer: enqueued {len(jobs)} jobs ({note})", out)
 
         handlers: set[asyncio.Task[None]] = set()
@@ -74,8 +82,12 @@ async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
                 return
             if int(msg.headers.get("flaky", "0")) >= msg.attempt:
                 backoff = 0.25 * 2**msg.attempt
-                _say(story, f"{name}: SMTP timeout for {address} (attempt {msg.attempt}); "
-                     f"retrying in {backoff:.1f}s", out)
+                _say(
+                    story,
+                    f"{name}: SMTP timeout for {address} (attempt {msg.attempt}); "
+                    f"retrying in {backoff:.1f}s",
+                    out,
+                )
                 await msg.nack(delay=backoff)
                 return
             await asyncio.sleep(0.05)  # talk to the mail server
@@ -83,27 +95,29 @@ async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
             if msg.fifo_group:
                 story.dave.append(address.split(":", 1)[1])
             story.sent.append(address)
+            story.update()
             _say(story, f"{name}: sent to {address} (attempt {msg.attempt})", out)
 
         async def dead_reader() -> None:
             async with broker.dead_letters(queue) as dead:
                 async for msg in dead:
                     story.dead.append(msg)
+                    story.update()
                     info = msg.dead_letter_info
                     reason = info.reason if info else "?"
                     _say(story, f"dlq: {msg.body.decode()!r} is dead ({reason})", out)
                     await msg.ack()
 
-        tasks = [asyncio.ensure_future(c) for c in (worker("worker-1"), worker("worker-2"),
-                                                    dead_reader())]
+        tasks = [
+            asyncio.ensure_future(c)
+            for c in (worker("worker-1"), worker("worker-2"), dead_reader())
+        ]
         try:
-            deadline = time.monotonic() + DEADLINE
-            while not story.done() and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            # a duplicate would show up as a seventh send; give it a moment to appear
-            settle_until = time.monotonic() + 1.0
-            while time.monotonic() < settle_until and len(story.sent) <= 6:
-                await asyncio.sleep(0.05)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(story.finished.wait(), DEADLINE)
+            # a duplicate would show up as a seventh send: give it a moment to appear
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(story.extra.wait(), 1.0)
         finally:
             for task in tasks:
                 task.cancel()
@@ -111,11 +125,14 @@ async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
 
     checks = {
         "alice got one email": story.sent.count("alice@example.com") == 1,
-        "bob succeeded on attempt 3 after two nacks with backoff":
-            story.attempts.get("bob@example.com") == 3 and "bob@example.com" in story.sent,
+        "bob succeeded on attempt 3 after two nacks with backoff": story.attempts.get(
+            "bob@example.com"
+        )
+        == 3
+        and "bob@example.com" in story.sent,
         "mallory is in the DLQ": [m.body for m in story.dead] == [b"mallory@@bad"],
         "carol was published twice and delivered once": story.sent.count("carol@example.com") == 1,
-        "dave's jobs ran in order": story.dave == ["create account", "verify email", "send welcome"],
+        "dave's jobs ran in order": story.dave == DAVE_STEPS,
     }
     out("")
     for text, ok in checks.items():

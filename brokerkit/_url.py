@@ -56,7 +56,10 @@ class BrokerURL:
         if not sep or not scheme:
             raise ConfigError("broker URL has no scheme (expected e.g. 'redis://host:6379/0')")
         scheme = scheme.lower()
-        parts = urlsplit("x://" + rest)
+        try:
+            parts = urlsplit("x://" + rest)
+        except ValueError as exc:  # e.g. an unclosed IPv6 bracket; the text may hold a password
+            raise ConfigError(f"{scheme}:// URL is malformed ({exc})") from None
         netloc = parts.netloc
         username = password = None
         if "@" in netloc:

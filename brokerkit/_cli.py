@@ -1,4 +1,4 @@
-"""The ``brokerkit`` command: demo, check."""
+"""The ``brokerkit`` command: demo, check, bench."""
 
 from __future__ import annotations
 
@@ -58,3 +58,30 @@ def check(url: str, as_json: bool, select: str | None) -> None:
         for nodeid in failures:
             click.echo(f"  failed: {nodeid}", err=True)
     sys.exit(0 if summary["failed"] == 0 else 1)
+
+
+@main.command()
+@click.argument("url", default=DEFAULT_URL)
+@click.option("--messages", default=20_000, show_default=True, help="Messages per round.")
+@click.option("--size", default=100, show_default=True, help="Body size in bytes.")
+@click.option("--rounds", default=3, show_default=True, help="Rounds; medians are reported.")
+@click.option("--prefetch", default=500, show_default=True, help="Consumer prefetch.")
+def bench(url: str, messages: int, size: int, rounds: int, prefetch: int) -> None:
+    """Measure brokerkit publish and consume+ack throughput on URL (msgs/s, medians).
+
+    The raw client library's numbers, measured in the same run, come from the
+    per-backend scripts in the repository's benchmarks/ folder.
+    """
+    from brokerkit._bench import run_bench
+
+    try:
+        result = asyncio.run(
+            run_bench(url, messages=messages, size=size, rounds=rounds, prefetch=prefetch)
+        )
+    except BrokerkitError as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    rounds_pub = ", ".join(f"{r:,.0f}" for r in result.publish)
+    rounds_con = ", ".join(f"{r:,.0f}" for r in result.consume)
+    click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds")
+    click.echo(f"  publish      median {result.publish_median:>10,.0f} msgs/s  ({rounds_pub})")
+    click.echo(f"  consume+ack  median {result.consume_median:>10,.0f} msgs/s  ({rounds_con})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
@@ -23,6 +24,9 @@ from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
 
 if TYPE_CHECKING:
     from brokerkit._broker import Broker
+
+# The lease clock: monotonic, and the same clock as the event loop's.
+_now = time.monotonic
 
 # How long one receive call may wait before the iterator checks for close.
 _POLL_WAIT = 1.0
@@ -106,7 +110,7 @@ class Message:
 
     async def ack(self) -> None:
         """Settle: the message is not delivered to this consumer group again."""
-        await self._settle(self._consumer._receiver_ack)
+        await self._settle(self._consumer._live_receiver().ack)
 
     async def nack(self, delay: float | None = None) -> None:
         """Deliver again (attempt + 1) no sooner than ``delay`` seconds from now.
@@ -136,8 +140,7 @@ class Message:
     async def extend(self) -> None:
         """Renew the lease for another ``ack_timeout`` seconds from now."""
         self._check_settleable()
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = _now()
         timeout = self._consumer.ack_timeout
         await self._consumer._receiver_extend(self._delivery, timeout)
         self._deadline = started + timeout
@@ -145,7 +148,7 @@ class Message:
     def _check_settleable(self) -> None:
         if self._state in (_SETTLED, _SETTLING):
             raise AlreadySettled(f"message {self.id!r} was already settled")
-        if self._state == _LOST or asyncio.get_running_loop().time() > self._deadline:
+        if self._state == _LOST or _now() > self._deadline:
             self._state = _LOST
             raise LeaseExpired(
                 f"the lease on message {self.id!r} ran out (ack_timeout="
@@ -249,14 +252,20 @@ class Consumer:
     async def __anext__(self) -> Message:
         if self._closing:
             raise ResourceClosed(f"{self!r} is closed")
-        await self.open()
-        loop = asyncio.get_running_loop()
+        if self._receiver is None:
+            await self.open()
         while True:
             while self._buffer:
                 leased_at, delivery = self._buffer.popleft()
-                message = await self._admit(delivery, leased_at, loop.time())
-                if message is not None:
-                    return message
+                if _now() > leased_at + self.ack_timeout:
+                    continue  # the lease ran out while buffered: the broker redelivers it
+                if delivery.attempt > self.max_attempts and not self.dead_letters:
+                    # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
+                    await self._receiver_dead(
+                        delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
+                    )
+                    continue
+                return self._admit(delivery, leased_at + self.ack_timeout)
             if self._closing:
                 raise StopAsyncIteration
             await self._fill()
@@ -277,19 +286,15 @@ class Consumer:
             self._fetch = None
         if task.cancelled() or task.exception() is not None:
             return
-        now = asyncio.get_running_loop().time()
+        now = _now()
         self._buffer.extend((now, d) for d in task.result())
 
-    async def _admit(self, delivery: Delivery, leased_at: float, now: float) -> Message | None:
-        """Policy on receipt: over-attempted messages die; stale leases are skipped."""
-        deadline = leased_at + self.ack_timeout
-        if now > deadline:
-            return None  # the broker redelivers it; handing it out now would only fail later
-        headers, info = split_envelope(delivery.headers)
-        if info is None and delivery.attempt > self.max_attempts:
-            # delivered max_attempts times and never settled (crashes, hangs): to the DLQ.
-            await self._receiver_dead(delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1)
-            return None
+    def _admit(self, delivery: Delivery, deadline: float) -> Message:
+        """Wrap a delivery for the caller and hold it until settled."""
+        if self.dead_letters:
+            headers, info = split_envelope(delivery.headers)
+        else:  # only DLQ copies carry the envelope; the user's headers are validated on publish
+            headers, info = delivery.headers, None
         message = Message(self, delivery, headers, info, deadline)
         self._held[id(message)] = message
         self._drained.clear()
@@ -352,16 +357,15 @@ class Consumer:
             await asyncio.wait([fetch], timeout=_POLL_WAIT + 5.0)
             if not fetch.done():
                 fetch.cancel()
-        loop = asyncio.get_running_loop()
         if self._held and self.close_timeout > 0:
             # wait for the caller to settle, but never past the last lease still held
             last_lease = max(m._deadline for m in self._held.values())
-            timeout = min(self.close_timeout, last_lease - loop.time())
+            timeout = min(self.close_timeout, last_lease - _now())
             if timeout > 0:
                 drained = asyncio.ensure_future(self._drained.wait())
                 await asyncio.wait([drained], timeout=timeout)
                 drained.cancel()
-        now = loop.time()
+        now = _now()
         seen = [m._delivery for m in list(self._held.values()) if m._give_back(now)]
         unseen = [d for leased_at, d in self._buffer if leased_at + self.ack_timeout > now]
         self._buffer.clear()

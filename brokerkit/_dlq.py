@@ -47,9 +47,9 @@ def build_envelope(
 
 def split_envelope(headers: Mapping[str, str]) -> tuple[dict[str, str], DeadLetterInfo | None]:
     """Split reserved DLQ headers off; return the user's headers and the info (or None)."""
+    if not any(k.startswith(_P) for k in headers):
+        return dict(headers), None
     user = {k: v for k, v in headers.items() if not k.startswith(_P)}
-    if len(user) == len(headers):
-        return user, None
     raw = {k: unquote(headers.get(_P + k, "")) for k in _FIELDS}
     try:
         attempts = int(raw["attempts"])

@@ -11,9 +11,9 @@ from brokerkit._errors import InvalidArgument, InvalidMessage, InvalidName, Mess
 from brokerkit._message import Outgoing
 
 RESERVED_HEADER_PREFIX = "x-brokerkit-"
+_PREFIX_LEN = len(RESERVED_HEADER_PREFIX)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-_TOKEN = re.compile(r"[!-~]{1,128}")  # printable ASCII, no space
 
 
 def check_name(kind: str, value: object) -> str:
@@ -30,7 +30,13 @@ def check_token(kind: str, value: object) -> str | None:
     """A fifo_group or dedup_id: 1-128 printable ASCII characters without spaces."""
     if value is None:
         return None
-    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+    if (
+        type(value) is not str
+        or not 0 < len(value) <= 128
+        or not value.isascii()
+        or not value.isprintable()
+        or " " in value
+    ):
         raise InvalidName(f"invalid {kind} {value!r}: use 1-128 printable ASCII, no spaces")
     return value
 
@@ -38,51 +44,62 @@ def check_token(kind: str, value: object) -> str | None:
 def check_outgoing(
     msg: Outgoing, *, max_bytes: int, max_headers: int, max_header_bytes: int
 ) -> Outgoing:
-    """Validate one message and return it with a private copy of its headers."""
-    if not isinstance(msg, Outgoing):
+    """Validate one message; return it (or a normalised copy: bytes body, dict headers).
+
+    This runs once per published message, so the common case (bytes body, no
+    or few headers) takes the short path.
+    """
+    if type(msg) is not Outgoing and not isinstance(msg, Outgoing):
         raise InvalidMessage(f"expected brokerkit.Outgoing, got {type(msg).__name__}")
     body = msg.body
-    if not isinstance(body, bytes | bytearray | memoryview):
-        raise InvalidMessage(f"message body must be bytes, not {type(body).__name__}")
-    body = bytes(body)
+    if type(body) is not bytes:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise InvalidMessage(f"message body must be bytes, not {type(body).__name__}")
+        body = bytes(body)
     if len(body) > max_bytes:
         raise MessageTooLarge(
             f"message body is {len(body)} bytes; this broker takes at most {max_bytes}"
         )
-    check_token("fifo_group", msg.fifo_group)
-    check_token("dedup_id", msg.dedup_id)
-    headers = check_headers(msg.headers, max_headers=max_headers, max_bytes=max_header_bytes)
+    if msg.fifo_group is not None:
+        check_token("fifo_group", msg.fifo_group)
+    if msg.dedup_id is not None:
+        check_token("dedup_id", msg.dedup_id)
+    headers = msg.headers
+    if headers or type(headers) is not dict:
+        headers = check_headers(headers, max_headers=max_headers, max_bytes=max_header_bytes)
+    if body is msg.body and headers is msg.headers:
+        return msg
     return Outgoing(body, msg.fifo_group, msg.dedup_id, headers)
 
 
 def check_headers(headers: object, *, max_headers: int, max_bytes: int) -> dict[str, str]:
     if headers is None:
         return {}
-    if not isinstance(headers, Mapping):
+    if type(headers) is not dict and not isinstance(headers, Mapping):
         raise InvalidMessage(
             f"headers must be a mapping of str to str, not {type(headers).__name__}"
         )
     if len(headers) > max_headers:
         raise InvalidMessage(f"{len(headers)} headers; at most {max_headers} are allowed")
     total = 0
-    out: dict[str, str] = {}
     for key, value in headers.items():
-        if not isinstance(key, str) or not isinstance(value, str):
+        if type(key) is not str or type(value) is not str:
             raise InvalidMessage(
                 f"header {key!r}: headers must be str -> str, got {type(key).__name__} -> "
                 f"{type(value).__name__}"
             )
         if not key:
             raise InvalidMessage("header names must not be empty")
-        if key.lower().startswith(RESERVED_HEADER_PREFIX):
+        if key[:12].lower() == RESERVED_HEADER_PREFIX:
             raise InvalidMessage(
                 f"header {key!r}: the prefix {RESERVED_HEADER_PREFIX!r} is reserved"
             )
-        total += len(key.encode()) + len(value.encode())
-        out[key] = value
+        total += len(key) + len(value)
+        if not (key.isascii() and value.isascii()):
+            total += len(key.encode()) + len(value.encode()) - len(key) - len(value)
     if total > max_bytes:
         raise InvalidMessage(f"headers are {total} bytes in all; at most {max_bytes} are allowed")
-    return out
+    return headers if type(headers) is dict else dict(headers)
 
 
 def check_seconds(

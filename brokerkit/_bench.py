@@ -1,0 +1,70 @@
+"""``brokerkit bench``: brokerkit's own publish and consume+ack throughput on a URL.
+
+The per-backend scripts in ``benchmarks/`` measure the raw client library in
+the same run and print ratios; this command gives the brokerkit side for any
+URL, so brokers can be compared. Quote medians: these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+
+import brokerkit
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    publish: list[float]
+    consume: list[float]
+
+    @property
+    def publish_median(self) -> float:
+        return statistics.median(self.publish)
+
+    @property
+    def consume_median(self) -> float:
+        return statistics.median(self.consume)
+
+
+async def publish_rate(broker: brokerkit.Broker, queue: str, count: int, body: bytes) -> float:
+    """Messages per second for ``count`` confirmed publishes in ``publish_many`` batches of 500."""
+    batch = [brokerkit.Outgoing(body) for _ in range(min(count, 500))]
+    started = time.perf_counter()
+    sent = 0
+    while sent < count:
+        chunk = batch[: count - sent]
+        await broker.publish_many(queue, chunk)
+        sent += len(chunk)
+    return count / (time.perf_counter() - started)
+
+
+async def consume_rate(broker: brokerkit.Broker, queue: str, count: int, prefetch: int) -> float:
+    """Messages per second to receive and ack ``count`` messages, timed from the first one."""
+    async with broker.consumer(queue, "bench", prefetch=prefetch) as consumer:
+        first = await consumer.__anext__()
+        started = time.perf_counter()
+        await first.ack()
+        got = 1
+        async for msg in consumer:
+            await msg.ack()
+            got += 1
+            if got == count:
+                break
+        return (count - 1) / (time.perf_counter() - started)
+
+
+async def run_bench(
+    url: str, *, messages: int = 20_000, size: int = 100, rounds: int = 3, prefetch: int = 500
+) -> BenchResult:
+    body = b"x" * size
+    publish: list[float] = []
+    consume: list[float] = []
+    async with brokerkit.connect(url) as broker:
+        for _ in range(rounds):
+            queue = f"bench-{uuid.uuid4().hex[:12]}"
+            publish.append(await publish_rate(broker, queue, messages, body))
+            consume.append(await consume_rate(broker, queue, messages, prefetch))
+    return BenchResult(publish, consume)

@@ -86,5 +86,5 @@ def mapped(what: str, hosts: Sequence[HostPort]) -> Iterator[None]:
         yield
     except BrokerkitError:
         raise
-    except (nats.errors.Error, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, nats.errors.Error, OSError) as exc:
         raise translate(exc, what, hosts) from exc

@@ -1,0 +1,282 @@
+"""NatsReceiver: pulls from a consumer group's durables and settles with JetStream acks.
+
+Pull engine: one inbox subscription per receiver, and at most one outstanding
+pull request per durable (slot 0: the group's unordered consumer, batch up to
+the facade's ``max_messages``; slots 1..P: one partition each, batch 1). Each
+request lingers server-side up to the ``wait`` of the ``receive`` that issued
+it; whatever it delivers lands in this receiver's buffer, stamped with its
+arrival time, and is handed out by the next ``receive``. A message that waited
+in the buffer gets ``in_progress()`` when handed out, so the server's
+``ack_wait`` clock restarts with the facade's lease clock; one that waited
+longer than half its lease is dropped (the server redelivers it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from brokerkit._errors import BrokerkitError
+from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
+from brokerkit.backends.nats._layout import QueueLayout, decode_headers, encode_headers
+
+if TYPE_CHECKING:
+    from brokerkit.backends.nats._backend import NatsBackend
+
+__all__ = ["NatsReceiver"]
+
+_STATUS = "Status"
+_HEARTBEAT = "100"
+_REFRESH_AFTER = 0.01
+"""Buffered longer than this: ``in_progress()`` when handed out, to realign the server lease."""
+_STALE_FRACTION = 0.5
+"""Buffered longer than this share of ack_timeout: dropped and left to the server to redeliver."""
+_EXPIRY_GRACE = 0.25
+"""A pull request is taken as finished this long after its expiry even if no 408 came."""
+_MAX_PULL = 30.0
+
+
+@dataclass(slots=True)
+class _Pull:
+    serial: int
+    remaining: int
+    expires_at: float
+
+
+class NatsReceiver(Receiver):
+    """receive -> pull requests ($JS.API.CONSUMER.MSG.NEXT); ack -> ack(); nack -> nak(delay);
+    extend -> in_progress(); dead_letter -> publish to the DLQ stream, then term()."""
+
+    def __init__(
+        self,
+        backend: NatsBackend,
+        queue: str,
+        group: str,
+        layout: QueueLayout,
+        settings: ReceiverSettings,
+        *,
+        dead_letters: bool,
+    ) -> None:
+        self._backend = backend
+        self._queue = queue
+        self._group = group
+        self._layout = layout
+        self._settings = settings
+        self._dead_letters = dead_letters
+        slots = layout.partitions + 1
+        names = [layout.consumer(group, s) for s in range(slots)]
+        self._slot_of = {name: s for s, name in enumerate(names)}
+        self._next_subject = [f"$JS.API.CONSUMER.MSG.NEXT.{layout.stream}.{n}" for n in names]
+        self._pulls: list[_Pull | None] = [None] * slots
+        self._buffer: deque[tuple[float, Msg]] = deque()
+        self._arrived = asyncio.Event()
+        self._serials = itertools.count(1)
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        nc = self._backend.client
+        self._inbox = nc.new_inbox()
+        with self._backend._mapped("subscribe"):
+            self._sub = await nc.subscribe(f"{self._inbox}.>", cb=self._on_msg)
+
+    # -- the pull engine ----------------------------------------------------------------
+
+    async def _on_msg(self, msg: Msg) -> None:
+        headers = msg.headers
+        status = headers.get(_STATUS) if headers and not msg.data else None
+        if status is None:
+            try:
+                slot = self._slot_of.get(msg.metadata.consumer, -1)
+            except (nats.errors.Error, ValueError, IndexError):
+                return  # not a JetStream delivery: nothing to settle, nothing to hand out
+            pull = self._pulls[slot] if slot >= 0 else None
+            if pull is not None:
+                pull.remaining -= 1
+                if pull.remaining <= 0:
+                    self._pulls[slot] = None
+            self._buffer.append((asyncio.get_running_loop().time(), msg))
+            self._arrived.set()
+            return
+        if status == _HEARTBEAT:
+            return
+        # 404 no messages, 408 request expired, 409 limits / consumer gone: the request is over
+        token = msg.subject[len(self._inbox) + 1 :]
+        slot_text, _, serial_text = token.partition(".")
+        if slot_text.isdigit() and serial_text.isdigit():
+            slot = int(slot_text)
+            pull = self._pulls[slot] if slot < len(self._pulls) else None
+            if pull is not None and pull.serial == int(serial_text):
+                self._pulls[slot] = None
+                self._arrived.set()
+
+    async def _issue(self, max_messages: int, wait: float) -> float:
+        """Give every slot without a live request a new one; return the earliest expiry."""
+        nc = self._backend.client
+        now = asyncio.get_running_loop().time()
+        linger = min(max(wait, 0.05), _MAX_PULL)
+        expires_ns = int(linger * 1e9)
+        earliest = now + linger
+        for slot, pull in enumerate(self._pulls):
+            if pull is not None and pull.expires_at + _EXPIRY_GRACE > now:
+                earliest = min(earliest, pull.expires_at + _EXPIRY_GRACE)
+                continue
+            batch = max(1, max_messages - len(self._buffer)) if slot == 0 else 1
+            serial = next(self._serials)
+            self._pulls[slot] = _Pull(serial, batch, now + linger)
+            payload = json.dumps({"batch": batch, "expires": expires_ns}).encode()
+            await nc.publish(
+                self._next_subject[slot], payload, reply=f"{self._inbox}.{slot}.{serial}"
+            )
+        return earliest
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+        """receive -> hand out buffered deliveries, else pull every slot and wait for the first."""
+        if self._closed:
+            return []
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait
+        with self._backend._mapped("receive"):
+            while True:
+                out = await self._take(max_messages)
+                if out:
+                    return out
+                now = loop.time()
+                if now >= end and wait > 0:
+                    return []
+                self._arrived.clear()
+                wake = await self._issue(max_messages, end - now)
+                if self._buffer:
+                    continue
+                if wait <= 0:
+                    wake = now + 0.05  # one short look, then give up
+                    end = wake
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), max(min(end, wake) - now, 0.001))
+                except TimeoutError:
+                    if wait <= 0:
+                        return await self._take(max_messages)
+
+    async def _take(self, max_messages: int) -> list[Delivery]:
+        """Up to ``max_messages`` buffered deliveries; drops stale ones, refreshes aged ones."""
+        now = asyncio.get_running_loop().time()
+        stale = self._settings.ack_timeout * _STALE_FRACTION
+        taken: list[tuple[float, Msg]] = []
+        out: list[Delivery] = []
+        while self._buffer and len(out) < max_messages:
+            arrived, msg = self._buffer.popleft()
+            if now - arrived > stale:
+                continue  # its server lease is nearly over: the server redelivers it
+            taken.append((arrived, msg))
+            out.append(self._delivery(msg))
+        try:
+            for arrived, msg in taken:
+                if now - arrived > _REFRESH_AFTER:
+                    await msg.in_progress()
+        except BaseException:
+            self._buffer.extendleft(reversed(taken))  # cancellation-safe: nothing taken
+            raise
+        return out
+
+    def _delivery(self, msg: Msg) -> Delivery:
+        md = msg.metadata
+        try:
+            user, fifo_group, msg_id = decode_headers(msg.headers)
+        except ValueError:  # not published by brokerkit: pass its headers through
+            user, fifo_group, msg_id = dict(msg.headers or {}), None, None
+        return Delivery(
+            id=str(md.sequence.stream),
+            body=msg.data,
+            headers=user,
+            fifo_group=fifo_group,
+            dedup_id=None if self._dead_letters else msg_id,
+            attempt=md.num_delivered,
+            receipt=msg,
+            extras={
+                "stream": md.stream,
+                "consumer": md.consumer,
+                "stream_sequence": md.sequence.stream,
+                "consumer_sequence": md.sequence.consumer,
+                "num_pending": md.num_pending,
+            },
+        )
+
+    # -- settling -----------------------------------------------------------------------
+
+    async def ack(self, delivery: Delivery) -> None:
+        """ack -> ``+ACK`` (pipelined; ``?confirm_acks=true`` waits for the server: ack_sync)."""
+        msg: Msg = delivery.receipt
+        with self._backend._mapped("ack"):
+            if self._backend.options.confirm_acks:
+                await msg.ack_sync(timeout=self._backend.options.request_timeout)
+            else:
+                await msg.ack()
+
+    async def nack(self, delivery: Delivery, delay: float) -> None:
+        """nack -> ``-NAK {"delay": ns}``: stays pending (holds its partition) until redelivered."""
+        msg: Msg = delivery.receipt
+        with self._backend._mapped("nack"):
+            await msg.nak(delay=delay if delay > 0 else None)
+
+    async def release(self, deliveries: Sequence[Delivery]) -> None:
+        """release -> ``-NAK`` each (JetStream already counted the delivery: attempt + 1)."""
+        for delivery in deliveries:
+            await self.nack(delivery, 0.0)
+
+    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+        """extend -> ``+WPI`` (in_progress): the server restarts the durable's ack_wait."""
+        msg: Msg = delivery.receipt
+        with self._backend._mapped("extend"):
+            await msg.in_progress()
+
+    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+        """dead_letter -> publish the copy to the DLQ stream and await its PubAck, then ``+TERM``.
+
+        The copy's Nats-Msg-Id is ``<group>:<stream seq>``: a crash between the
+        two steps redelivers the original, and dead-lettering it again inside the
+        dedup window stores no second copy.
+        """
+        msg: Msg = delivery.receipt
+        backend = self._backend
+        dlq = await backend.layout(self._queue, True)
+        seq = msg.metadata.sequence.stream
+        headers = encode_headers({**delivery.headers, **envelope}, delivery.fifo_group, None)
+        assert headers is not None
+        headers["Nats-Msg-Id"] = f"{self._group}:{seq}"
+        await backend.publish_raw(
+            [(dlq.subject(delivery.fifo_group), delivery.body, headers)],
+            what=f"dead-letter to the DLQ of {self._queue!r}",
+        )
+        with backend._mapped("dead_letter"):
+            await msg.term()
+
+    async def aclose(self) -> None:
+        """Stop pulling (unsubscribe), give back buffered deliveries (``-NAK``), flush."""
+        if self._closed:
+            return
+        self._closed = True
+        self._backend.discard(self)
+        sub, self._sub = self._sub, None
+        buffered = [msg for _, msg in self._buffer]
+        self._buffer.clear()
+        nc = self._backend._nc
+        if nc is None or nc.is_closed:
+            return
+        try:
+            if sub is not None:
+                await sub.unsubscribe()
+            for msg in buffered:
+                await msg.nak()
+            await nc.flush(timeout=max(1, int(self._backend.options.request_timeout)))
+        except (nats.errors.Error, OSError, TimeoutError, BrokerkitError):
+            pass  # the server redelivers whatever it did not hear about after ack_wait

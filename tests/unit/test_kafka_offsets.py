@@ -1,0 +1,93 @@
+"""Pure logic of the Kafka backend: the commit-metadata codec, the dedup memory, options."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+
+from brokerkit._errors import ConfigError
+from brokerkit._url import BrokerURL
+from brokerkit.backends.kafka import KafkaBackend
+from brokerkit.backends.kafka._offsets import (
+    SETTLED,
+    DedupMemory,
+    OffsetState,
+    decode_metadata,
+    encode_metadata,
+)
+
+
+def test_metadata_round_trips_runs_counts_and_due_times() -> None:
+    states = {
+        100: OffsetState(2),
+        101: OffsetState(SETTLED),
+        102: OffsetState(SETTLED),
+        103: OffsetState(1),
+        104: OffsetState(1),
+        110: OffsetState(3, due_ms=1_800_000_000_000),
+    }
+    text = encode_metadata(100, sorted(states.items()))
+    assert text.startswith("bk1")
+    assert decode_metadata(100, text) == states
+
+
+def test_metadata_omits_never_delivered_offsets() -> None:
+    text = encode_metadata(5, [(5, OffsetState(0)), (6, OffsetState(SETTLED))])
+    assert decode_metadata(5, text) == {6: OffsetState(SETTLED)}
+
+
+def test_metadata_stays_within_budget_by_dropping_the_highest_offsets() -> None:
+    states = [(o, OffsetState(SETTLED if o % 2 else 1)) for o in range(10_000)]
+    text = encode_metadata(0, states, budget=500)
+    assert len(text) <= 500
+    decoded = decode_metadata(0, text)
+    assert decoded and max(decoded) < 10_000
+    assert all(decoded[o] == dict(states)[o] for o in decoded)
+
+
+@pytest.mark.parametrize("junk", [None, "", "hello", "bk1;zz", "bk1;1.2.!"])
+def test_foreign_or_damaged_metadata_reads_as_empty(junk: str | None) -> None:
+    assert decode_metadata(0, junk) == {}
+
+
+def test_dedup_memory_judges_by_record_timestamps() -> None:
+    mem = DedupMemory(2.0)
+    assert not mem.is_duplicate("a", 1_000)
+    assert mem.is_duplicate("a", 2_999)
+    assert not mem.is_duplicate("b", 2_999)
+    assert not mem.is_duplicate("a", 3_000)  # window over: delivered again
+    assert mem.is_duplicate("a", 4_000)
+
+
+def test_options_parse_and_reject_unknown_parameters() -> None:
+    backend = KafkaBackend.from_url(
+        BrokerURL.parse("kafka://h1:9092,h2?partitions=12&dedup_window=2")
+    )
+    assert backend.options.partitions == 12
+    assert backend.capabilities.dedup_window == 2.0
+    assert [str(h) for h in backend.hosts] == ["h1:9092", "h2:9092"]
+    with pytest.raises(ConfigError, match="nope"):
+        KafkaBackend.from_url(BrokerURL.parse("kafka://h1?nope=1"))
+    with pytest.raises(ConfigError, match="partitions"):
+        KafkaBackend.from_url(BrokerURL.parse("kafka://h1?partitions=0"))
+
+
+def test_credentials_need_sasl_and_never_show() -> None:
+    with pytest.raises(ConfigError) as info:
+        KafkaBackend.from_url(BrokerURL.parse("kafka://u:s3cret@h1"))
+    assert "s3cret" not in str(info.value)
+    backend = KafkaBackend.from_url(
+        BrokerURL.parse(
+            "kafka://u:s3cret@h1?security_protocol=sasl_ssl&sasl_mechanism=SCRAM-SHA-512"
+        )
+    )
+    assert "s3cret" not in repr(backend)
+
+
+def test_from_config_takes_the_users_client_settings() -> None:
+    backend = KafkaBackend.from_config({"bootstrap.servers": "k1:9093"}, partitions=3)
+    assert backend.options.partitions == 3
+    assert str(backend.hosts[0]) == "k1:9093"
+    with pytest.raises(ConfigError):
+        KafkaBackend.from_config({})

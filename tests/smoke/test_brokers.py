@@ -13,6 +13,7 @@ Every wait is bounded by a deadline.
 Clients: redis (redis.asyncio), aio-pika, nats-py (JetStream), confluent-kafka,
 boto3.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,7 +42,9 @@ def _selected() -> set[str]:
         return set(NAMES)
     unknown = names - set(NAMES)
     if unknown:
-        raise pytest.UsageError(f"BROKERKIT_SMOKE: unknown broker(s) {sorted(unknown)}; choose from {NAMES}")
+        raise pytest.UsageError(
+            f"BROKERKIT_SMOKE: unknown broker(s) {sorted(unknown)}; choose from {NAMES}"
+        )
     return names
 
 
@@ -72,7 +75,7 @@ def test_redis_stream_round_trip() -> None:
             sent = await r.xadd(stream, {"body": b"hello"})
             got = await r.xreadgroup("g", "c1", {stream: ">"}, count=1, block=5000)
             assert got, "XREADGROUP returned nothing within 5 s"
-            (_key, entries), = got
+            ((_key, entries),) = got
             entry_id, fields = entries[0]
             assert entry_id == sent and fields[b"body"] == b"hello"
             assert await r.xack(stream, "g", entry_id) == 1
@@ -93,7 +96,9 @@ def test_rabbitmq_publish_confirm_consume() -> None:
             ch = await conn.channel(publisher_confirms=True)
             q = await ch.declare_queue(_unique("smoke"), exclusive=True, auto_delete=True)
             body = uuid.uuid4().bytes
-            await ch.default_exchange.publish(aio_pika.Message(body), routing_key=q.name)  # waits for the confirm
+            await ch.default_exchange.publish(
+                aio_pika.Message(body), routing_key=q.name
+            )  # waits for the confirm
             deadline = time.monotonic() + 10
             msg = None
             while msg is None and time.monotonic() < deadline:
@@ -104,7 +109,9 @@ def test_rabbitmq_publish_confirm_consume() -> None:
             assert msg.body == body
             await msg.ack()
             # the project relies on this plugin; scripts/services enables it offline
-            ex = await ch.declare_exchange(_unique("smoke-chash"), "x-consistent-hash", auto_delete=True)
+            ex = await ch.declare_exchange(
+                _unique("smoke-chash"), "x-consistent-hash", auto_delete=True
+            )
             await ex.delete()
         finally:
             await conn.close()
@@ -150,23 +157,39 @@ def test_kafka_produce_consume_fresh_topic() -> None:
     deadline = time.monotonic() + TIMEOUT
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000})
     topic = _unique("smoke")
-    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
-                        operation_timeout=15, request_timeout=15)[topic].result(timeout=20)
+    admin.create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=1)],
+        operation_timeout=15,
+        request_timeout=15,
+    )[topic].result(timeout=20)
     try:
         # the broker must not invent topics on first use (the project creates them explicitly)
         res = ConfigResource(ConfigResource.Type.BROKER, "1")
         cfg = admin.describe_configs([res], request_timeout=10)[res].result(timeout=15)
         assert cfg["auto.create.topics.enable"].value == "false"
 
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True}
+        )
         errors: list = []
-        producer.produce(topic, key=b"k", value=b"hello", headers=[("h", b"1")],
-                         on_delivery=lambda err, _msg: errors.append(err))
+        producer.produce(
+            topic,
+            key=b"k",
+            value=b"hello",
+            headers=[("h", b"1")],
+            on_delivery=lambda err, _msg: errors.append(err),
+        )
         assert producer.flush(15) == 0, "produce not delivered within 15 s"
         assert errors == [None]
 
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": _unique("smoke-group"),
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": _unique("smoke-group"),
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         try:
             consumer.subscribe([topic])
             msg = None
@@ -192,27 +215,40 @@ def test_sqs_fifo_send_receive_delete() -> None:
 
     q = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
     sqs = boto3.client(
-        "sqs", endpoint_url=q["endpoint"][0], region_name=q.get("region", ["us-east-1"])[0],
-        aws_access_key_id="test", aws_secret_access_key="test",
-        config=Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2}))
-    qurl = sqs.create_queue(QueueName=_unique("smoke") + ".fifo",
-                            Attributes={"FifoQueue": "true", "VisibilityTimeout": "30"})["QueueUrl"]
+        "sqs",
+        endpoint_url=q["endpoint"][0],
+        region_name=q.get("region", ["us-east-1"])[0],
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2}),
+    )
+    qurl = sqs.create_queue(
+        QueueName=_unique("smoke") + ".fifo",
+        Attributes={"FifoQueue": "true", "VisibilityTimeout": "30"},
+    )["QueueUrl"]
     try:
         for body in ("first", "second"):
-            sqs.send_message(QueueUrl=qurl, MessageBody=body, MessageGroupId="g", MessageDeduplicationId=body)
+            sqs.send_message(
+                QueueUrl=qurl, MessageBody=body, MessageGroupId="g", MessageDeduplicationId=body
+            )
         # a duplicate within the 5-minute window is accepted but not delivered
-        sqs.send_message(QueueUrl=qurl, MessageBody="first", MessageGroupId="g", MessageDeduplicationId="first")
+        sqs.send_message(
+            QueueUrl=qurl, MessageBody="first", MessageGroupId="g", MessageDeduplicationId="first"
+        )
         bodies: list[str] = []
         deadline = time.monotonic() + TIMEOUT - 5
         while len(bodies) < 2 and time.monotonic() < deadline:
-            resp = sqs.receive_message(QueueUrl=qurl, MaxNumberOfMessages=1, WaitTimeSeconds=1,
-                                       AttributeNames=["All"])
+            resp = sqs.receive_message(
+                QueueUrl=qurl, MaxNumberOfMessages=1, WaitTimeSeconds=1, AttributeNames=["All"]
+            )
             for m in resp.get("Messages", []):
                 assert m["Attributes"]["MessageGroupId"] == "g"
                 bodies.append(m["Body"])
                 sqs.delete_message(QueueUrl=qurl, ReceiptHandle=m["ReceiptHandle"])
         assert bodies == ["first", "second"]
-        extra = sqs.receive_message(QueueUrl=qurl, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+        extra = sqs.receive_message(QueueUrl=qurl, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
+            "Messages", []
+        )
         assert extra == [], "the duplicate was delivered"
     finally:
         sqs.delete_queue(QueueUrl=qurl)

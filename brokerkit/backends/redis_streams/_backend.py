@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from pydantic import ValidationError
 from redis import exceptions as rex
@@ -18,8 +18,14 @@ from brokerkit._options import parse_options
 from brokerkit._url import BrokerURL, HostPort
 from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSettings
 from brokerkit.backends.redis_streams import _lua
-from brokerkit.backends.redis_streams._errors import Runner, map_error
-from brokerkit.backends.redis_streams._keys import Keys, Script, encode_outgoing, run_script
+from brokerkit.backends.redis_streams._errors import Runner
+from brokerkit.backends.redis_streams._keys import (
+    Keys,
+    Script,
+    command,
+    encode_outgoing,
+    run_script,
+)
 from brokerkit.backends.redis_streams._options import RedisOptions
 
 __all__ = ["RedisBackend"]
@@ -155,7 +161,7 @@ class RedisBackend(Backend):
     async def open(self) -> None:
         """``PING`` with a bounded retry (BrokerUnavailable naming host:port), then ``INFO``."""
         await self.run(self.client.ping)
-        info = cast(dict[str, Any], await self.run(lambda: self.client.execute_command("INFO", "server")))
+        info = await self.command("INFO", "server")
         version = str(info.get("redis_version", ""))
         self.capabilities = dataclasses.replace(
             self.capabilities, extras={"server": "redis", "server_version": version}
@@ -180,14 +186,12 @@ class RedisBackend(Backend):
         stream = self.keys.stream(queue)
         if len(messages) == 1 and messages[0].dedup_id is None:
             fields = encode_outgoing(messages[0])
-            entry_id = await self.run(
-                lambda: self.client.execute_command("XADD", stream, "*", *fields)
-            )
+            entry_id = await self.command("XADD", stream, "*", *fields)
             return [PublishResult(entry_id.decode(), duplicate=False)]
         results: list[PublishResult] = []
         for start in range(0, len(messages), _PIPELINE_CHUNK):
             chunk = messages[start : start + _PIPELINE_CHUNK]
-            replies = await self.run(lambda chunk=chunk: self._publish_chunk(queue, stream, chunk))
+            replies = await self._publish_chunk(queue, stream, chunk)
             for reply in replies:
                 if isinstance(reply, list):
                     results.append(PublishResult(reply[0].decode(), duplicate=bool(reply[1])))
@@ -196,6 +200,9 @@ class RedisBackend(Backend):
         return results
 
     async def _publish_chunk(self, queue: str, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
+        return await self.run(lambda: self._pipeline(queue, stream, chunk))
+
+    async def _pipeline(self, queue: str, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
         window_ms = max(1, round(self.options.dedup_window * 1000))
         pipe = self.client.pipeline(transaction=False)
         for msg in chunk:
@@ -207,7 +214,7 @@ class RedisBackend(Backend):
                 dedup_key = self.keys.dedup(queue, msg.dedup_id)
                 script = self.scripts.publish_dedup.text
                 pipe.execute_command("EVAL", script, 2, stream, dedup_key, window_ms, *fields)
-        return cast(list[Any], await pipe.execute())
+        return list(await pipe.execute())
 
     async def ensure_group(self, stream: str, group: str) -> None:
         """``XGROUP CREATE stream group 0 MKSTREAM``; BUSYGROUP (already there) is fine."""
@@ -216,7 +223,7 @@ class RedisBackend(Backend):
 
         async def create() -> None:
             try:
-                await self.client.execute_command("XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
+                await command(self.client, "XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
             except rex.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
@@ -226,6 +233,10 @@ class RedisBackend(Backend):
 
     def forget_group(self, stream: str, group: str) -> None:
         self._groups.discard((stream, group))
+
+    async def command(self, *args: Any) -> Any:
+        """Run one Redis command through the one error-mapping path."""
+        return await self.run(lambda: command(self.client, *args))
 
     async def script(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run a Lua script through the one error-mapping path."""
@@ -239,7 +250,3 @@ class RedisBackend(Backend):
         stream = self.keys.stream(queue, dead_letters)
         await self.ensure_group(stream, group)
         return RedisReceiver(self, stream, self.keys.stream(queue, True), group, settings)
-
-
-def _unused() -> None:  # keeps map_error imported for readers following the error path
-    _ = map_error

@@ -32,7 +32,9 @@ def map_error(exc: BaseException, hosts: Sequence[HostPort]) -> BrokerkitError:
     if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError | rex.NoPermissionError):
         return ConfigError(f"redis at {where} refused the credentials or the permission")
     if is_transient(exc):
-        return BrokerUnavailable(f"redis at {where} is unavailable", host=first.host, port=first.port)
+        return BrokerUnavailable(
+            f"redis at {where} is unavailable", host=first.host, port=first.port
+        )
     if isinstance(exc, rex.ResponseError):
         return BrokerkitError(f"redis at {where} answered with an error: {exc}")
     return BrokerkitError(f"redis client error talking to {where}: {type(exc).__name__}")
@@ -61,9 +63,13 @@ class Runner:
         return await self.retry(operation)
 
     async def retry(self, operation: Callable[[], Awaitable[T]]) -> T:
+        # a coroutine *function*: tenacity calls anything else as sync and never awaits it
+        async def attempt() -> T:
+            return await operation()
+
         try:
             return await retry_unavailable(
-                operation, what="redis", hosts=self.hosts, is_transient=is_transient
+                attempt, what="redis", hosts=self.hosts, is_transient=is_transient
             )
         except (rex.RedisError, OSError) as exc:
             raise map_error(exc, self.hosts) from exc

@@ -14,7 +14,15 @@ from redis.asyncio import Redis
 from brokerkit._message import Outgoing
 from brokerkit.backends.base import Delivery
 
-__all__ = ["Keys", "Script", "decode_entry", "encode_entry", "run_script"]
+__all__ = [
+    "Keys",
+    "Script",
+    "command",
+    "decode_entry",
+    "encode_entry",
+    "encode_outgoing",
+    "run_script",
+]
 
 # Entry fields: short names keep entries small; "b" body, "g" fifo_group, "d" dedup_id,
 # "h" headers as one JSON object (ASCII-escaped, so every str round-trips exactly).
@@ -104,9 +112,16 @@ class Script:
         return cls(text, hashlib.sha1(text.encode()).hexdigest())
 
 
-async def run_script(client: Redis, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+async def command(client: Redis, *args: Any) -> Any:
+    """One raw Redis command (redis-py leaves ``execute_command`` untyped)."""
+    return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+async def run_script(
+    client: Redis, script: Script, keys: Sequence[Any], args: Sequence[Any]
+) -> Any:
     """EVALSHA, falling back to EVAL (which caches it) after a restart or SCRIPT FLUSH."""
     try:
-        return await client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await command(client, "EVALSHA", script.sha, len(keys), *keys, *args)
     except rex.NoScriptError:
-        return await client.execute_command("EVAL", script.text, len(keys), *keys, *args)
+        return await command(client, "EVAL", script.text, len(keys), *keys, *args)

@@ -162,7 +162,8 @@ for i = 6, #ARGV, 2 do
   local id, count = ARGV[i], tonumber(ARGV[i + 1])
   if holds(stream, group, me, id, count) then
     if uncount == '1' then
-      redis.call('XCLAIM', stream, group, park, 0, id, 'RETRYCOUNT', math.max(count - 1, 0), 'JUSTID')
+      local back = math.max(count - 1, 0)
+      redis.call('XCLAIM', stream, group, park, 0, id, 'RETRYCOUNT', back, 'JUSTID')
     else
       redis.call('XCLAIM', stream, group, park, 0, id, 'JUSTID')
     end

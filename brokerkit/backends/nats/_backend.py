@@ -180,7 +180,7 @@ class NatsBackend(Backend):
                 connect_timeout=int(max(1, round(opts.connect_timeout))),
                 allow_reconnect=False,  # this attempt only: retry_unavailable bounds the retries
                 reconnect_time_wait=opts.reconnect_wait,  # type: ignore[arg-type]
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=1,  # each server twice, then NoServersError
                 error_cb=_quiet_error,
                 dont_randomize=False,
                 **auth,
@@ -190,6 +190,7 @@ class NatsBackend(Backend):
             raise
         # Once connected, ride out server restarts: reconnect forever, resubscribe inboxes.
         nc.options["allow_reconnect"] = True
+        nc.options["max_reconnect_attempts"] = -1
         return nc
 
     async def aclose(self) -> None:

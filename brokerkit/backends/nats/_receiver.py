@@ -25,7 +25,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from brokerkit._errors import BrokerkitError
+from brokerkit._errors import BrokerkitError, LeaseExpired
 from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
 from brokerkit.backends.nats._layout import QueueLayout, decode_headers, encode_headers
 
@@ -43,6 +43,17 @@ _STALE_FRACTION = 0.5
 _EXPIRY_GRACE = 0.25
 """A pull request is taken as finished this long after its expiry even if no 408 came."""
 _MAX_PULL = 30.0
+_LEASE_MARGIN = 0.02
+"""Settling this close to the server's lease end raises LeaseExpired: it may be redelivered."""
+_EMPTY_RETURN_AT = 0.9
+
+
+@dataclass(slots=True)
+class _Lease:
+    """A delivery's receipt: the message and when the server's ack_wait runs out."""
+
+    msg: Msg
+    deadline: float
 
 
 @dataclass(slots=True)
@@ -145,7 +156,10 @@ class NatsReceiver(Receiver):
         if self._closed:
             return []
         loop = asyncio.get_running_loop()
-        end = loop.time() + wait
+        # End an empty wait a little early: the facade (brokerkit._consumer._fill) spins if
+        # a new __anext__ starts in the loop iteration where this task ends but before its
+        # done-callback ran; ending off the callers' round-second timers keeps that apart.
+        end = loop.time() + wait * _EMPTY_RETURN_AT
         with self._backend._mapped("receive"):
             while True:
                 out = await self._take(max_messages)
@@ -171,6 +185,7 @@ class NatsReceiver(Receiver):
         """Up to ``max_messages`` buffered deliveries; drops stale ones, refreshes aged ones."""
         now = asyncio.get_running_loop().time()
         stale = self._settings.ack_timeout * _STALE_FRACTION
+        lease = self._settings.ack_timeout
         taken: list[tuple[float, Msg]] = []
         out: list[Delivery] = []
         while self._buffer and len(out) < max_messages:
@@ -178,7 +193,8 @@ class NatsReceiver(Receiver):
             if now - arrived > stale:
                 continue  # its server lease is nearly over: the server redelivers it
             taken.append((arrived, msg))
-            out.append(self._delivery(msg))
+            refresh = now - arrived > _REFRESH_AFTER
+            out.append(self._delivery(msg, (now if refresh else arrived) + lease))
         try:
             for arrived, msg in taken:
                 if now - arrived > _REFRESH_AFTER:
@@ -188,7 +204,7 @@ class NatsReceiver(Receiver):
             raise
         return out
 
-    def _delivery(self, msg: Msg) -> Delivery:
+    def _delivery(self, msg: Msg, deadline: float) -> Delivery:
         md = msg.metadata
         try:
             user, fifo_group, msg_id = decode_headers(msg.headers)
@@ -201,7 +217,7 @@ class NatsReceiver(Receiver):
             fifo_group=fifo_group,
             dedup_id=None if self._dead_letters else msg_id,
             attempt=md.num_delivered,
-            receipt=msg,
+            receipt=_Lease(msg, deadline),
             extras={
                 "stream": md.stream,
                 "consumer": md.consumer,
@@ -213,9 +229,19 @@ class NatsReceiver(Receiver):
 
     # -- settling -----------------------------------------------------------------------
 
+    @staticmethod
+    def _held(delivery: Delivery, verb: str) -> Msg:
+        """The message, or LeaseExpired once the server's ack_wait has (nearly) run out."""
+        lease: _Lease = delivery.receipt
+        if asyncio.get_running_loop().time() > lease.deadline - _LEASE_MARGIN:
+            raise LeaseExpired(
+                f"cannot {verb} message {delivery.id!r}: its JetStream lease (ack_wait) ran out"
+            )
+        return lease.msg
+
     async def ack(self, delivery: Delivery) -> None:
         """ack -> ``+ACK`` (pipelined; ``?confirm_acks=true`` waits for the server: ack_sync)."""
-        msg: Msg = delivery.receipt
+        msg = self._held(delivery, "ack")
         with self._backend._mapped("ack"):
             if self._backend.options.confirm_acks:
                 await msg.ack_sync(timeout=self._backend.options.request_timeout)
@@ -224,7 +250,7 @@ class NatsReceiver(Receiver):
 
     async def nack(self, delivery: Delivery, delay: float) -> None:
         """nack -> ``-NAK {"delay": ns}``: stays pending (holds its partition) until redelivered."""
-        msg: Msg = delivery.receipt
+        msg = delivery.receipt.msg  # past the lease a nak changes nothing: no error
         with self._backend._mapped("nack"):
             await msg.nak(delay=delay if delay > 0 else None)
 
@@ -235,9 +261,10 @@ class NatsReceiver(Receiver):
 
     async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
         """extend -> ``+WPI`` (in_progress): the server restarts the durable's ack_wait."""
-        msg: Msg = delivery.receipt
+        msg = self._held(delivery, "extend")
         with self._backend._mapped("extend"):
             await msg.in_progress()
+        delivery.receipt.deadline = asyncio.get_running_loop().time() + ack_timeout
 
     async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
         """dead_letter -> publish the copy to the DLQ stream and await its PubAck, then ``+TERM``.
@@ -246,7 +273,7 @@ class NatsReceiver(Receiver):
         two steps redelivers the original, and dead-lettering it again inside the
         dedup window stores no second copy.
         """
-        msg: Msg = delivery.receipt
+        msg = self._held(delivery, "dead-letter")
         backend = self._backend
         dlq = await backend.layout(self._queue, True)
         seq = msg.metadata.sequence.stream

@@ -277,13 +277,19 @@ class Consumer:
             task = asyncio.ensure_future(receiver.receive(self.prefetch, _POLL_WAIT))
             task.add_done_callback(self._collect)
             self._fetch = task
+        task = self._fetch
         # shield: cancelling __anext__ must not cancel a receive that may have leased messages;
         # _collect keeps whatever it returns for the next call.
-        await asyncio.shield(self._fetch)
+        await asyncio.shield(task)
+        # Awaiting a task that is already done does not yield to the loop, so its done
+        # callback may not have run yet: collect here rather than spin.
+        self._collect(task)
 
     def _collect(self, task: asyncio.Task[list[Delivery]]) -> None:
-        if self._fetch is task:
-            self._fetch = None
+        """Keep a finished fetch's deliveries; runs once per task (callback or caller)."""
+        if self._fetch is not task:
+            return
+        self._fetch = None
         if task.cancelled() or task.exception() is not None:
             return
         now = _now()

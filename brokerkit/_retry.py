@@ -11,7 +11,8 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from brokerkit._errors import BrokerUnavailable
@@ -40,7 +41,7 @@ async def retry_unavailable(
     """
     retrying = AsyncRetrying(
         stop=stop_after_attempt(attempts) | stop_after_delay(deadline),
-        wait=wait_exponential_jitter(initial=0.1, max=2.0),
+        wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
         retry=retry_if_exception(is_transient),
     )
     try:

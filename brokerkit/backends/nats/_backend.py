@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import re
 import ssl
-import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -120,12 +119,9 @@ class NatsBackend(Backend):
     async def open(self) -> None:
         """Connect (bounded retry, then BrokerUnavailable); check JetStream; read server limits."""
         if self._nc is None:
-            with warnings.catch_warnings():
-                # brokerkit._retry passes tenacity's deprecated ``initial=``: core fix pending
-                warnings.filterwarnings("ignore", "The 'initial' parameter", DeprecationWarning)
-                self._nc = await retry_unavailable(
-                    self._connect_once, what="NATS", hosts=self._hosts, is_transient=is_transient
-                )
+            self._nc = await retry_unavailable(
+                self._connect_once, what="NATS", hosts=self._hosts, is_transient=is_transient
+            )
         nc = self._nc
         if not self._hosts and nc.connected_url is not None:
             u = nc.connected_url

@@ -45,7 +45,6 @@ _EXPIRY_GRACE = 0.25
 _MAX_PULL = 30.0
 _LEASE_MARGIN = 0.02
 """Settling this close to the server's lease end raises LeaseExpired: it may be redelivered."""
-_EMPTY_RETURN_AT = 0.9
 
 
 @dataclass(slots=True)
@@ -156,10 +155,7 @@ class NatsReceiver(Receiver):
         if self._closed:
             return []
         loop = asyncio.get_running_loop()
-        # End an empty wait a little early: the facade (brokerkit._consumer._fill) spins if
-        # a new __anext__ starts in the loop iteration where this task ends but before its
-        # done-callback ran; ending off the callers' round-second timers keeps that apart.
-        end = loop.time() + wait * _EMPTY_RETURN_AT
+        end = loop.time() + wait
         with self._backend._mapped("receive"):
             while True:
                 out = await self._take(max_messages)

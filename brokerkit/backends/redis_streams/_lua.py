@@ -128,16 +128,16 @@ return out
 ACK = (
     _COMMON
     + """
--- KEYS: stream, due, bell.  ARGV: group, consumer, fifo prefix, then (id, count, fifo_group or '')*
+-- KEYS: stream, due, bell.  ARGV: group, consumer, fifo prefix, then ONE packed argument of
+-- lines "<id> <count> <fifo_group or nothing>" + newline (far cheaper to send than 3 per ack).
 -- Returns the ids whose lease was lost (not acked).
 local stream, due, bell = KEYS[1], KEYS[2], KEYS[3]
 local group, me, fprefix = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local lost, wake = {}, false
-for i = 4, #ARGV, 3 do
-  local id = ARGV[i]
-  if holds(stream, group, me, id, ARGV[i + 1]) then
-    if settle(stream, group, due, fprefix, id, ARGV[i + 2], now) then wake = true end
+for id, count, fg in string.gmatch(ARGV[4], '(%S+) (%d+) ([^\\n]*)\\n') do
+  if holds(stream, group, me, id, count) then
+    if settle(stream, group, due, fprefix, id, fg, now) then wake = true end
   else
     lost[#lost + 1] = id
   end

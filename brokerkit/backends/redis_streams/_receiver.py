@@ -152,10 +152,11 @@ class RedisReceiver(Receiver):
             raise _lost(delivery)
 
     async def _ack_now(self, deliveries: Sequence[Delivery]) -> list[Any]:
-        args: list[Any] = [self._group, self._me, self._fprefix]
-        for d in deliveries:
-            entry_id, count = d.receipt
-            args += (entry_id, count, d.fifo_group or "")
+        packed = b"".join(
+            b"%s %d %s\n" % (*d.receipt, d.fifo_group.encode() if d.fifo_group else b"")
+            for d in deliveries
+        )
+        args = (self._group, self._me, self._fprefix, packed)
         backend = self._backend
         lost = await backend.script(
             backend.scripts.ack, (self._stream, self._due, self._bell), args
@@ -163,9 +164,12 @@ class RedisReceiver(Receiver):
         return list(lost)
 
     async def _flush_loop(self) -> None:
-        while True:
+        # Never cancelled (a cancel landing inside a redis call may surface as a connection
+        # error and be swallowed): aclose sets _closed and rings _ack_ready instead.
+        while not self._closed:
             await self._ack_ready.wait()
-            await asyncio.sleep(self._flush_interval)
+            if not self._closed:
+                await asyncio.sleep(self._flush_interval)
             self._ack_ready.clear()
             try:
                 await self._flush()
@@ -239,7 +243,7 @@ class RedisReceiver(Receiver):
         self._closed = True
         flusher, self._flusher = self._flusher, None
         if flusher is not None:
-            flusher.cancel()
+            self._ack_ready.set()
             await asyncio.gather(flusher, return_exceptions=True)
         try:
             await self._flush()

@@ -1,0 +1,104 @@
+"""Raw redis-py vs brokerkit on Redis Streams, in one run: publish and consume+ack.
+
+    python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379/0] [--messages 20000]
+                                     [--rounds 5] [--size 100] [--batch 500]
+
+Raw publish: pipelined ``XADD`` in batches of ``--batch`` (the same batches brokerkit's
+``publish_many`` gets). Raw consume+ack: ``XREADGROUP COUNT batch`` then one ``XACK`` of
+the batch's ids (what a careful raw user writes). brokerkit: ``brokerkit._bench`` (the
+same loops ``brokerkit bench`` runs) with ``prefetch=batch``. Rounds alternate raw and
+brokerkit; medians and ratios are printed. Each round uses fresh keys, deleted after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+
+import brokerkit
+from brokerkit._bench import consume_rate, publish_rate
+
+
+async def raw_publish(r: aioredis.Redis, stream: str, count: int, body: bytes, batch: int) -> float:
+    started = time.perf_counter()
+    sent = 0
+    while sent < count:
+        n = min(batch, count - sent)
+        pipe = r.pipeline(transaction=False)
+        for _ in range(n):
+            pipe.xadd(stream, {b"b": body})
+        await pipe.execute()
+        sent += n
+    return count / (time.perf_counter() - started)
+
+
+async def raw_consume(r: aioredis.Redis, stream: str, count: int, batch: int) -> float:
+    await r.xgroup_create(stream, "bench", id="0", mkstream=True)
+    got = 0
+    started = 0.0
+    while got < count:
+        reply: Any = await r.xreadgroup("bench", "c1", {stream: ">"}, count=batch, block=1000)
+        if not reply:
+            continue
+        if not started:
+            started = time.perf_counter()
+        ids = [entry_id for entry_id, _ in reply[0][1]]
+        await r.xack(stream, "bench", *ids)
+        got += len(ids)
+    return (count - 1) / (time.perf_counter() - started)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=500)
+    args = parser.parse_args()
+    body = b"x" * args.size
+    parsed = brokerkit.BrokerURL.parse(args.url)
+    host = parsed.hosts[0] if parsed.hosts else brokerkit.BrokerURL.parse("redis://h").hosts[0]
+    raw = aioredis.Redis(
+        host=host.host,
+        port=host.port or 6379,
+        db=int(parsed.path.strip("/") or 0),
+        password=parsed.password,
+    )
+    rates: dict[str, list[float]] = {k: [] for k in ("raw_pub", "bk_pub", "raw_con", "bk_con")}
+    async with brokerkit.connect(args.url) as broker:
+        prefix = getattr(broker.backend, "options").prefix  # noqa: B009
+        for round_no in range(args.rounds):
+            stream = f"bench-raw-{uuid.uuid4().hex[:12]}"
+            queue = f"bench-{uuid.uuid4().hex[:12]}"
+            rates["raw_pub"].append(await raw_publish(raw, stream, args.messages, body, args.batch))
+            rates["bk_pub"].append(await publish_rate(broker, queue, args.messages, body))
+            rates["raw_con"].append(await raw_consume(raw, stream, args.messages, args.batch))
+            rates["bk_con"].append(await consume_rate(broker, queue, args.messages, args.batch))
+            await raw.delete(stream, *await raw.keys(f"{prefix}{{{queue}}}*"))
+            print(
+                f"round {round_no + 1}: publish raw {rates['raw_pub'][-1]:,.0f}/s "
+                f"brokerkit {rates['bk_pub'][-1]:,.0f}/s; consume+ack raw "
+                f"{rates['raw_con'][-1]:,.0f}/s brokerkit {rates['bk_con'][-1]:,.0f}/s"
+            )
+    await raw.aclose()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\nmedians over {args.rounds} rounds, {args.messages} x {args.size} B messages:")
+    print(
+        f"  publish       raw {med['raw_pub']:>9,.0f}/s  brokerkit {med['bk_pub']:>9,.0f}/s"
+        f"  ratio {med['bk_pub'] / med['raw_pub']:.2f}"
+    )
+    print(
+        f"  consume+ack   raw {med['raw_con']:>9,.0f}/s  brokerkit {med['bk_con']:>9,.0f}/s"
+        f"  ratio {med['bk_con'] / med['raw_con']:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

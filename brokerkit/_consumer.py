@@ -47,28 +47,33 @@ class Message:
         "_consumer",
         "_deadline",
         "_delivery",
+        "_receiver",
         "_state",
         "dead_letter_info",
         "headers",
-        "queue",
     )
 
     def __init__(
         self,
         consumer: Consumer,
+        receiver: Receiver,
         delivery: Delivery,
         headers: dict[str, str],
         info: DeadLetterInfo | None,
         deadline: float,
     ) -> None:
         self._consumer = consumer
+        self._receiver = receiver
         self._delivery = delivery
         self._deadline = deadline
         self._state = _UNSETTLED
-        self.queue = consumer.queue
         self.headers: Mapping[str, str] = headers
         self.dead_letter_info = info
         """Why the message died, when it was read from a DLQ (``broker.dead_letters``)."""
+
+    @property
+    def queue(self) -> str:
+        return self._consumer.queue
 
     @property
     def body(self) -> bytes:
@@ -110,7 +115,21 @@ class Message:
 
     async def ack(self) -> None:
         """Settle: the message is not delivered to this consumer group again."""
-        await self._settle(self._consumer._live_receiver().ack)
+        # the hot path, written out: one check, one backend call
+        if self._state is not _UNSETTLED or _now() > self._deadline:
+            self._check_settleable()
+        self._state = _SETTLING
+        try:
+            await self._receiver.ack(self._delivery)
+        except LeaseExpired:
+            self._state = _LOST
+            self._consumer._forget(self)
+            raise
+        except BaseException:
+            self._state = _UNSETTLED
+            raise
+        self._state = _SETTLED
+        self._consumer._forget(self)
 
     async def nack(self, delay: float | None = None) -> None:
         """Deliver again (attempt + 1) no sooner than ``delay`` seconds from now.
@@ -125,7 +144,7 @@ class Message:
         if self.attempt >= self._consumer.max_attempts and self.dead_letter_info is None:
             await self._settle(lambda d: self._consumer._receiver_dead(d, REASON_MAX_ATTEMPTS))
         else:
-            await self._settle(lambda d: self._consumer._receiver_nack(d, seconds))
+            await self._settle(lambda d: self._receiver.nack(d, seconds))
 
     async def dead_letter(self, reason: str) -> None:
         """Move to the queue's DLQ now, whatever the attempt count."""
@@ -142,7 +161,7 @@ class Message:
         self._check_settleable()
         started = _now()
         timeout = self._consumer.ack_timeout
-        await self._consumer._receiver_extend(self._delivery, timeout)
+        await self._receiver.extend(self._delivery, timeout)
         self._deadline = started + timeout
 
     def _check_settleable(self) -> None:
@@ -210,8 +229,7 @@ class Consumer:
         self._receiver: Receiver | None = None
         self._buffer: deque[tuple[float, Delivery]] = deque()
         self._held: dict[int, Message] = {}
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._drained: asyncio.Event | None = None  # made by aclose when it must wait
         self._fetch: asyncio.Task[list[Delivery]] | None = None
         self._closing = False
         self._closed: asyncio.Future[None] | None = None
@@ -301,29 +319,19 @@ class Consumer:
             headers, info = split_envelope(delivery.headers)
         else:  # only DLQ copies carry the envelope; the user's headers are validated on publish
             headers, info = delivery.headers, None
-        message = Message(self, delivery, headers, info, deadline)
+        message = Message(self, self._live_receiver(), delivery, headers, info, deadline)
         self._held[id(message)] = message
-        self._drained.clear()
         return message
 
     def _forget(self, message: Message) -> None:
         self._held.pop(id(message), None)
-        if not self._held:
+        if self._drained is not None and not self._held:
             self._drained.set()
 
     def _live_receiver(self) -> Receiver:
         if self._receiver is None:
             raise ResourceClosed(f"{self!r} is not open")
         return self._receiver
-
-    async def _receiver_ack(self, delivery: Delivery) -> None:
-        await self._live_receiver().ack(delivery)
-
-    async def _receiver_nack(self, delivery: Delivery, delay: float) -> None:
-        await self._live_receiver().nack(delivery, delay)
-
-    async def _receiver_extend(self, delivery: Delivery, ack_timeout: float) -> None:
-        await self._live_receiver().extend(delivery, ack_timeout)
 
     async def _receiver_dead(
         self, delivery: Delivery, reason: str, attempts: int | None = None
@@ -368,6 +376,7 @@ class Consumer:
             last_lease = max(m._deadline for m in self._held.values())
             timeout = min(self.close_timeout, last_lease - _now())
             if timeout > 0:
+                self._drained = asyncio.Event()
                 drained = asyncio.ensure_future(self._drained.wait())
                 await asyncio.wait([drained], timeout=timeout)
                 drained.cancel()
@@ -376,7 +385,6 @@ class Consumer:
         unseen = [d for leased_at, d in self._buffer if leased_at + self.ack_timeout > now]
         self._buffer.clear()
         self._held.clear()
-        self._drained.set()
         try:
             # held by the caller and never settled: a failed attempt, like a crash
             for delivery in seen:

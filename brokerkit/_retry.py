@@ -44,8 +44,13 @@ async def retry_unavailable(
         wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
         retry=retry_if_exception(is_transient),
     )
+
+    async def attempt() -> T:
+        # tenacity awaits only coroutine functions; operation may be a lambda returning one
+        return await operation()
+
     try:
-        return await retrying(operation)
+        return await retrying(attempt)
     except RetryError as exc:
         last = exc.last_attempt.exception()
         first = hosts[0] if hosts else HostPort("localhost")

@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from redis import exceptions as rex
@@ -19,6 +20,7 @@ __all__ = [
     "Script",
     "command",
     "decode_entry",
+    "decode_fresh",
     "encode_entry",
     "encode_outgoing",
     "run_script",
@@ -73,6 +75,16 @@ def encode_outgoing(msg: Outgoing) -> list[bytes]:
     return encode_entry(msg.body, msg.fifo_group, msg.dedup_id, msg.headers)
 
 
+_NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})
+
+
+def decode_fresh(entry_id: bytes, flat: Sequence[bytes]) -> Delivery:
+    """A first delivery (count 1); the common entry (just a body) without a field loop."""
+    if len(flat) == 2 and flat[0] == F_BODY:
+        return Delivery(entry_id.decode(), flat[1], {}, None, None, 1, (entry_id, 1), _NO_EXTRAS)
+    return decode_entry(entry_id, flat, 1)
+
+
 def decode_entry(entry_id: bytes, flat: Sequence[bytes], count: int) -> Delivery:
     """A Delivery from an entry id, its flat field list and its PEL delivery count."""
     body = b""
@@ -97,6 +109,7 @@ def decode_entry(entry_id: bytes, flat: Sequence[bytes], count: int) -> Delivery
         dedup_id=dedup_id,
         attempt=count,
         receipt=(entry_id, count),
+        extras=_NO_EXTRAS,
     )
 
 

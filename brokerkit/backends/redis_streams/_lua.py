@@ -55,11 +55,15 @@ TAKE = (
     _COMMON
     + """
 -- KEYS: stream, due, bell.  ARGV: group, consumer, max, lease_ms, fifo prefix, park consumer
+-- Returns {now, next due or false, group cursor or false, bell id or false, claimed, fresh}:
+-- claimed = flat (id, fields, count)* of due entries taken over; fresh = the entries
+-- ({id, fields}) read with XREADGROUP and handed out with count 1, in stream order.
 local stream, due, bell = KEYS[1], KEYS[2], KEYS[3]
 local group, me, max, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local fprefix, park = ARGV[5], ARGV[6]
 local now = now_ms()
-local out = {now, false, false, false}
+local deadline = now + lease
+local claimed, fresh = {}, {}
 local n = 0
 -- 1. due entries: a lease ran out, a nack delay passed, or a fifo head became ready.
 --    XCLAIM moves ownership to us and counts a delivery (the durable attempt).
@@ -68,17 +72,25 @@ for _, id in ipairs(ids) do
   local got = redis.call('XCLAIM', stream, group, me, 0, id)
   local e = got[1]
   if e then
-    redis.call('ZADD', due, now + lease, id)
+    redis.call('ZADD', due, deadline, id)
     local p = redis.call('XPENDING', stream, group, id, id, 1)
-    out[#out + 1] = id
-    out[#out + 1] = e[2]
-    out[#out + 1] = p[1][4]
+    claimed[#claimed + 1] = id
+    claimed[#claimed + 1] = e[2]
+    claimed[#claimed + 1] = p[1][4]
     n = n + 1
   else
     redis.call('ZREM', due, id)  -- deleted from the stream by hand; XCLAIM dropped it from the PEL
   end
 end
--- 2. new entries, in stream order; a fifo entry behind a busy group is parked, not delivered
+-- 2. new entries, in stream order; a fifo entry behind a busy group is parked, not delivered.
+--    Their leases go into due with one variadic ZADD per chunk (not one call per entry).
+local zargs, zn = {}, 0
+local function lease_flush()
+  if zn > 0 then
+    redis.call('ZADD', due, unpack(zargs, 1, zn))
+    zn = 0
+  end
+end
 local rounds = 0
 while n < max and rounds < 4 do
   rounds = rounds + 1
@@ -89,24 +101,31 @@ while n < max and rounds < 4 do
   for _, e in ipairs(entries) do
     local id, f = e[1], e[2]
     local deliver = true
-    for i = 1, #f, 2 do
-      if f[i] == 'g' then
-        if redis.call('RPUSH', fprefix .. f[i + 1], id) > 1 then
-          redis.call('XCLAIM', stream, group, park, 0, id, 'RETRYCOUNT', 0, 'JUSTID')
-          deliver = false
-        end
-        break
+    -- the fifo_group field 'g' comes right after the body 'b' (scan older layouts in full)
+    local fg = nil
+    if f[1] == 'b' then
+      if f[3] == 'g' then fg = f[4] end
+    else
+      for i = 1, #f, 2 do
+        if f[i] == 'g' then fg = f[i + 1] break end
       end
     end
+    if fg and redis.call('RPUSH', fprefix .. fg, id) > 1 then
+      redis.call('XCLAIM', stream, group, park, 0, id, 'RETRYCOUNT', 0, 'JUSTID')
+      deliver = false
+    end
     if deliver then
-      redis.call('ZADD', due, now + lease, id)
-      out[#out + 1] = id
-      out[#out + 1] = f
-      out[#out + 1] = 1
+      fresh[#fresh + 1] = e
+      zargs[zn + 1] = deadline
+      zargs[zn + 2] = id
+      zn = zn + 2
+      if zn >= 2000 then lease_flush() end
       n = n + 1
     end
   end
 end
+lease_flush()
+local out = {now, false, false, false, claimed, fresh}
 -- 3. nothing to hand out: tell the caller what to block on and for how long
 if n == 0 then
   local first = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
@@ -131,17 +150,55 @@ ACK = (
 -- KEYS: stream, due, bell.  ARGV: group, consumer, fifo prefix, then ONE packed argument of
 -- lines "<id> <count> <fifo_group or nothing>" + newline (far cheaper to send than 3 per ack).
 -- Returns the ids whose lease was lost (not acked).
+-- The leases of the whole batch are checked with one XPENDING over this consumer's oldest
+-- pending entries (acks come mostly in delivery order, so those are the ones being acked);
+-- an id not in that answer (it was cut short) is checked alone. Then one XACK and one ZREM
+-- per chunk of held ids without a fifo_group; fifo ones settle one by one (heads move).
 local stream, due, bell = KEYS[1], KEYS[2], KEYS[3]
 local group, me, fprefix = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local lost, wake = {}, false
+local bid, bcount, bfg, nb = {}, {}, {}, 0
 for id, count, fg in string.gmatch(ARGV[4], '(%S+) (%d+) ([^\\n]*)\\n') do
-  if holds(stream, group, me, id, count) then
-    if settle(stream, group, due, fprefix, id, fg, now) then wake = true end
-  else
-    lost[#lost + 1] = id
+  nb = nb + 1
+  bid[nb], bcount[nb], bfg[nb] = id, count, fg
+end
+local want = nb + 64
+local mine = {}
+local pel = redis.call('XPENDING', stream, group, '-', '+', want, me)
+for _, p in ipairs(pel) do mine[p[1]] = p[4] end
+local complete = #pel < want
+local plain, pn = {}, 0
+local function flush_plain()
+  if pn > 0 then
+    redis.call('XACK', stream, group, unpack(plain, 1, pn))
+    redis.call('ZREM', due, unpack(plain, 1, pn))
+    pn = 0
   end
 end
+for i = 1, nb do
+  local id, count, fg = bid[i], bcount[i], bfg[i]
+  local have = mine[id]
+  local ok
+  if have then
+    ok = have == tonumber(count)
+  elseif complete then
+    ok = false
+  else
+    ok = holds(stream, group, me, id, count)
+  end
+  if not ok then
+    lost[#lost + 1] = id
+  elseif fg == '' then
+    pn = pn + 1
+    plain[pn] = id
+    if pn >= 1000 then flush_plain() end
+  else
+    flush_plain()  -- keep settle order
+    if settle(stream, group, due, fprefix, id, fg, now) then wake = true end
+  end
+end
+flush_plain()
 if wake then ring(bell) end
 return lost
 """

@@ -15,7 +15,7 @@ from redis import exceptions as rex
 
 from brokerkit._errors import BrokerkitError, LeaseExpired
 from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
-from brokerkit.backends.redis_streams._keys import decode_entry, encode_entry
+from brokerkit.backends.redis_streams._keys import decode_entry, decode_fresh, encode_entry
 
 if TYPE_CHECKING:
     from brokerkit.backends.redis_streams._backend import RedisBackend
@@ -87,11 +87,16 @@ class RedisReceiver(Receiver):
         while True:
             await self._maybe_trim(loop.time())
             reply = await self._take(keys, args)
-            if len(reply) > 4:
-                return [
-                    decode_entry(reply[i], reply[i + 1], reply[i + 2])
-                    for i in range(4, len(reply) - 2, 3)
+            claimed, fresh = reply[4], reply[5]
+            if fresh and not claimed:
+                return [decode_fresh(entry_id, flat) for entry_id, flat in fresh]
+            if claimed or fresh:
+                out = [
+                    decode_entry(claimed[i], claimed[i + 1], claimed[i + 2])
+                    for i in range(0, len(claimed) - 2, 3)
                 ]
+                out += [decode_fresh(entry_id, flat) for entry_id, flat in fresh]
+                return out
             remaining = end - loop.time()
             if remaining <= 0:
                 return []

@@ -234,13 +234,15 @@ class RedisBackend(Backend):
     def forget_group(self, stream: str, group: str) -> None:
         self._groups.discard((stream, group))
 
-    async def command(self, *args: Any) -> Any:
-        """Run one Redis command through the one error-mapping path."""
-        return await self.run(lambda: command(self.client, *args))
+    async def command(self, *args: Any, patient: bool = False) -> Any:
+        """Run one Redis command through the one error-mapping path (``Runner``)."""
+        return await self.run(lambda: command(self.client, *args), patient=patient)
 
-    async def script(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run a Lua script through the one error-mapping path."""
-        return await self.run(lambda: run_script(self.client, script, keys, args))
+    async def script(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, patient: bool = False
+    ) -> Any:
+        """Run a Lua script through the one error-mapping path (``Runner``)."""
+        return await self.run(lambda: run_script(self.client, script, keys, args), patient=patient)
 
     async def subscribe(
         self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False

@@ -8,12 +8,16 @@ from typing import TypeVar
 from redis import exceptions as rex
 
 from brokerkit._errors import BrokerkitError, BrokerUnavailable, ConfigError
-from brokerkit._retry import retry_unavailable
+from brokerkit._retry import DEFAULT_DEADLINE, retry_unavailable
 from brokerkit._url import HostPort
 
 __all__ = ["Runner", "is_transient", "map_error"]
 
 T = TypeVar("T")
+
+PATIENT_ATTEMPTS = 100
+"""A consumer's own calls (receive, flushing acks) retry until the deadline, not 5 tries:
+a Redis restart takes a few seconds, and the iterator should ride it out."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -52,7 +56,8 @@ class Runner:
     def __init__(self, hosts: Sequence[HostPort]) -> None:
         self.hosts = tuple(hosts)
 
-    async def __call__(self, operation: Callable[[], Awaitable[T]]) -> T:
+    async def __call__(self, operation: Callable[[], Awaitable[T]], *, patient: bool = False) -> T:
+        """Run ``operation``; ``patient`` retries for the whole deadline (10 s), else 5 tries."""
         try:
             return await operation()
         except rex.RedisError as exc:
@@ -60,14 +65,23 @@ class Runner:
                 raise map_error(exc, self.hosts) from exc
         except OSError:
             pass
-        return await self.retry(operation)
+        return await self.retry(operation, patient=patient)
 
-    async def retry(self, operation: Callable[[], Awaitable[T]]) -> T:
+    async def retry(self, operation: Callable[[], Awaitable[T]], *, patient: bool = False) -> T:
         # a coroutine *function*: tenacity calls anything else as sync and never awaits it
         async def attempt() -> T:
             return await operation()
 
         try:
+            if patient:
+                return await retry_unavailable(
+                    attempt,
+                    what="redis",
+                    hosts=self.hosts,
+                    is_transient=is_transient,
+                    attempts=PATIENT_ATTEMPTS,
+                    deadline=DEFAULT_DEADLINE,
+                )
             return await retry_unavailable(
                 attempt, what="redis", hosts=self.hosts, is_transient=is_transient
             )

@@ -118,12 +118,13 @@ class RedisReceiver(Receiver):
                 self._bell,
                 cursor,
                 bell,
+                patient=True,
             )
 
     async def _take(self, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
         backend = self._backend
         try:
-            return list(await backend.script(backend.scripts.take, keys, args))
+            return list(await backend.script(backend.scripts.take, keys, args, patient=True))
         except BrokerkitError as exc:
             cause = exc.__cause__
             if not (isinstance(cause, rex.ResponseError) and "NOGROUP" in str(cause)):
@@ -131,7 +132,7 @@ class RedisReceiver(Receiver):
         # the stream or group was deleted behind our back (FLUSHDB, DEL): recreate, retry once
         backend.forget_group(self._stream, self._group)
         await backend.ensure_group(self._stream, self._group)
-        return list(await backend.script(backend.scripts.take, keys, args))
+        return list(await backend.script(backend.scripts.take, keys, args, patient=True))
 
     async def _maybe_trim(self, now: float) -> None:
         """Every ``trim_interval``: XTRIM MINID below what every consumer group still needs."""
@@ -139,7 +140,7 @@ class RedisReceiver(Receiver):
             return
         self._next_trim = now + self._trim_interval
         backend = self._backend
-        await backend.script(backend.scripts.trim, (self._stream,), ())
+        await backend.script(backend.scripts.trim, (self._stream,), (), patient=True)
 
     # -- settling ----------------------------------------------------------------------------
 
@@ -156,7 +157,7 @@ class RedisReceiver(Receiver):
         if await self._ack_now([delivery]):
             raise _lost(delivery)
 
-    async def _ack_now(self, deliveries: Sequence[Delivery]) -> list[Any]:
+    async def _ack_now(self, deliveries: Sequence[Delivery], *, patient: bool = False) -> list[Any]:
         packed = b"".join(
             b"%s %d %s\n" % (*d.receipt, d.fifo_group.encode() if d.fifo_group else b"")
             for d in deliveries
@@ -164,7 +165,7 @@ class RedisReceiver(Receiver):
         args = (self._group, self._me, self._fprefix, packed)
         backend = self._backend
         lost = await backend.script(
-            backend.scripts.ack, (self._stream, self._due, self._bell), args
+            backend.scripts.ack, (self._stream, self._due, self._bell), args, patient=patient
         )
         return list(lost)
 
@@ -180,6 +181,7 @@ class RedisReceiver(Receiver):
                 await self._flush()
             except BrokerkitError as exc:
                 log.warning("brokerkit: coalesced acks not yet recorded, will retry: %s", exc)
+                self._ack_ready.set()  # retry without waiting for the next ack
 
     async def _flush(self) -> None:
         async with self._flush_lock:
@@ -187,7 +189,8 @@ class RedisReceiver(Receiver):
                 batch = self._acks[:_ACK_BATCH]
                 del self._acks[:_ACK_BATCH]
                 try:
-                    await self._ack_now(batch)  # lost leases: someone else holds them now
+                    # lost leases: someone else holds them now
+                    await self._ack_now(batch, patient=True)
                 except BaseException:
                     self._acks[:0] = batch
                     raise

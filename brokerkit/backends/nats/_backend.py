@@ -45,6 +45,7 @@ _log = logging.getLogger("brokerkit.nats")
 DEFAULT_PORT = 4222
 _PARTITIONS_RE = re.compile(r"partitions=(\d+)")
 _MIN_BODY = 256 * 1024
+_CLEAN_PULL_INTEREST = (2, 10, 0)
 _STREAM_EXISTS = 10058  # "stream name already in use with a different configuration"
 
 
@@ -71,6 +72,8 @@ class NatsBackend(Backend):
         self._layouts: dict[tuple[str, bool], asyncio.Task[QueueLayout]] = {}
         self._receivers: set[Receiver] = set()
         self.server_version: tuple[int, int, int] | None = None
+        self.drain_pulls = False
+        """Server before 2.10: never drop an inbox with pull requests outstanding (see receiver)."""
         self.capabilities = Capabilities(
             max_message_bytes=options.max_message_bytes,
             dedup_window=options.dedup_window,
@@ -136,6 +139,10 @@ class NatsBackend(Backend):
                 ) from exc
         v = nc.connected_server_version
         self.server_version = (v.major, v.minor, v.patch)
+        # nats-server 2.9 miscounts a redelivery that finds only a pull request whose inbox is
+        # gone: it rolls the delivery back and the next one reports num_delivered 1 again, so
+        # attempt would not grow. 2.10+ drops such requests cleanly (verified 2.9.10, 2.15.1).
+        self.drain_pulls = self.server_version < _CLEAN_PULL_INTEREST
         room = int(nc.max_payload) - HEADER_ROOM
         if room < _MIN_BODY:
             raise ConfigError(
@@ -145,6 +152,8 @@ class NatsBackend(Backend):
         self.capabilities = dataclasses.replace(
             self.capabilities,
             max_message_bytes=min(self.options.max_message_bytes, room),
+            # on 2.9 a nack waits for this receiver's outstanding pull (<= 1 s linger) to end
+            redelivery_slack=2.0 if self.drain_pulls else self.capabilities.redelivery_slack,
             extras={
                 **self.capabilities.extras,
                 "server_version": f"{v.major}.{v.minor}.{v.patch}",

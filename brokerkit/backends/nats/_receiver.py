@@ -248,7 +248,24 @@ class NatsReceiver(Receiver):
         """nack -> ``-NAK {"delay": ns}``: stays pending (holds its partition) until redelivered."""
         msg = delivery.receipt.msg  # past the lease a nak changes nothing: no error
         with self._backend._mapped("nack"):
-            await msg.nak(delay=delay if delay > 0 else None)
+            await self._nak(msg, delay)
+
+    async def _nak(self, msg: Msg, delay: float) -> None:
+        """``-NAK``; before 2.10 not before this receiver's pull on that durable has ended.
+
+        nats-server 2.9 hands a redelivery to the oldest waiting pull request; if
+        that request's inbox is gone by then (this receiver closing), the server
+        rolls the delivery back and loses its count. Delaying the NAK past our own
+        outstanding request (<= its linger, about 1 s) keeps the redelivery away
+        from it; ``aclose`` keeps the inbox until every request has ended.
+        """
+        if self._backend.drain_pulls:
+            slot = self._slot_of.get(msg.metadata.consumer, -1)
+            pull = self._pulls[slot] if slot >= 0 else None
+            if pull is not None:
+                left = pull.expires_at + _EXPIRY_GRACE - asyncio.get_running_loop().time()
+                delay = max(delay, left)
+        await msg.nak(delay=delay if delay > 0 else None)
 
     async def release(self, deliveries: Sequence[Delivery]) -> None:
         """release -> ``-NAK`` each (JetStream already counted the delivery: attempt + 1)."""
@@ -283,6 +300,29 @@ class NatsReceiver(Receiver):
         with backend._mapped("dead_letter"):
             await msg.term()
 
+    async def _drain(self) -> list[Msg]:
+        """Before 2.10: wait (keeping the inbox) until every outstanding pull request ended.
+
+        Ended = its 404/408 status arrived, or its expiry plus a grace passed.
+        Whatever it still delivers meanwhile is returned, to be given back.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            ends = [p.expires_at + _EXPIRY_GRACE for p in self._pulls if p is not None]
+            live = [end for end in ends if end > now]
+            if not live:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), max(live) - now)
+            except TimeoutError:
+                break
+        arrived = [msg for _, msg in self._buffer]
+        self._buffer.clear()
+        self._pulls = [None] * len(self._pulls)
+        return arrived
+
     async def aclose(self) -> None:
         """Stop pulling (unsubscribe), give back buffered deliveries (``-NAK``), flush."""
         if self._closed:
@@ -296,10 +336,12 @@ class NatsReceiver(Receiver):
         if nc is None or nc.is_closed:
             return
         try:
+            if self._backend.drain_pulls:
+                buffered += await self._drain()
             if sub is not None:
                 await sub.unsubscribe()
             for msg in buffered:
-                await msg.nak()
+                await self._nak(msg, 0.0)
             await nc.flush(timeout=max(1, int(self._backend.options.request_timeout)))
         except (nats.errors.Error, OSError, TimeoutError, BrokerkitError):
             pass  # the server redelivers whatever it did not hear about after ack_wait

@@ -4,8 +4,10 @@
                                      [--rounds 5] [--size 100] [--batch 500]
 
 Raw publish: pipelined ``XADD`` in batches of ``--batch`` (the same batches brokerkit's
-``publish_many`` gets). Raw consume+ack: ``XREADGROUP COUNT batch`` then one ``XACK`` of
-the batch's ids (what a careful raw user writes). brokerkit: ``brokerkit._bench`` (the
+``publish_many`` gets). Raw consume+ack: ``XREADGROUP GROUP bench c1 COUNT batch BLOCK 1000
+STREAMS s >`` then one awaited ``XACK`` of every id of the batch before the next read (what a
+careful raw user writes: each entry read once and acked, the same server work brokerkit
+does, without leases). brokerkit: ``brokerkit._bench`` (the
 same loops ``brokerkit bench`` runs) with ``prefetch=batch``. Rounds alternate raw and
 brokerkit; medians and ratios are printed. Each round uses fresh keys, deleted after.
 """

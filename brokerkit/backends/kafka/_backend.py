@@ -15,9 +15,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -252,58 +253,95 @@ class KafkaBackend(Backend):
     # -- publishing ---------------------------------------------------------------------------
 
     async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        await self.ensure_queue(queue)
+        """One ``produce`` per message, one future for the whole batch (see ``_Batch``)."""
+        if not self._topic_known(queue):
+            await self.ensure_queue(queue)
         topic = self.topic(queue)
-        futures = []
-        for msg in messages:
-            headers = dict(msg.headers)
-            if msg.fifo_group is not None:
-                headers[GROUP_HEADER] = msg.fifo_group
-            if msg.dedup_id is not None:
-                headers[DEDUP_HEADER] = msg.dedup_id
-            key = msg.fifo_group if msg.fifo_group is not None else msg.dedup_id
-            futures.append(await self.produce(topic, msg.body, key, headers))
-        results = []
-        for fut in futures:
-            partition, offset = await fut
-            results.append(PublishResult(f"{partition}-{offset}", duplicate=None))
-        return results
+        batch = _Batch(asyncio.get_running_loop(), len(messages), self.hosts)
+        producer = self._live_producer()
+        produced = 0
+        try:
+            for msg in messages:
+                record_headers: list[tuple[str, str | bytes | None]] = [
+                    (k, v.encode()) for k, v in msg.headers.items()
+                ]
+                group, dedup = msg.fifo_group, msg.dedup_id
+                if group is not None:
+                    record_headers.append((GROUP_HEADER, group.encode()))
+                if dedup is not None:
+                    record_headers.append((DEDUP_HEADER, dedup.encode()))
+                key = group if group is not None else dedup
+                await self._produce(
+                    producer,
+                    topic,
+                    msg.body,
+                    key.encode() if key is not None else None,
+                    record_headers,
+                    functools.partial(batch.report, produced),
+                )
+                produced += 1
+        finally:
+            if produced < len(messages):
+                batch.shrink(produced)
+        await batch.future
+        return [PublishResult(ident, duplicate=None) for ident in batch.ids]
+
+    def _topic_known(self, queue: str) -> bool:
+        fut = self._topics.get(queue)
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+
+    async def _produce(
+        self,
+        producer: Producer,
+        topic: str,
+        body: bytes,
+        key: bytes | None,
+        headers: list[tuple[str, str | bytes | None]],
+        on_delivery: Callable[[KafkaError | None, Any], None],
+    ) -> None:
+        """``Producer.produce``; waits (bounded) while librdkafka's queue is full."""
+        try:
+            producer.produce(topic, value=body, key=key, headers=headers, on_delivery=on_delivery)
+            return
+        except BufferError:
+            pass
+        except KafkaException as exc:
+            raise map_error(exc, self.hosts) from exc
+        deadline = time.monotonic() + 30.0
+        while True:
+            await asyncio.sleep(0.005)
+            try:
+                producer.produce(
+                    topic, value=body, key=key, headers=headers, on_delivery=on_delivery
+                )
+                return
+            except BufferError as exc:
+                if time.monotonic() > deadline:
+                    raise map_error(exc, self.hosts) from exc
+            except KafkaException as exc:
+                raise map_error(exc, self.hosts) from exc
 
     async def produce(
         self, topic: str, body: bytes, key: str | None, headers: Mapping[str, str]
-    ) -> asyncio.Future[tuple[int, int]]:
+    ) -> asyncio.Future[None]:
         """Hand one record to librdkafka; the future resolves with its delivery report."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[tuple[int, int]] = loop.create_future()
-        hosts = self.hosts
-
-        def delivered(err: KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                loop.call_soon_threadsafe(_fail, fut, map_error(KafkaException(err), hosts))
-            else:
-                loop.call_soon_threadsafe(_resolve, fut, (msg.partition(), msg.offset()))
-
-        producer = self._live_producer()
+        batch = _Batch(asyncio.get_running_loop(), 1, self.hosts)
         record_headers: list[tuple[str, str | bytes | None]] = [
             (k, v.encode()) for k, v in headers.items()
         ]
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    value=body,
-                    key=key.encode() if key is not None else None,
-                    headers=record_headers,
-                    on_delivery=delivered,
-                )
-                return fut
-            except BufferError as exc:
-                if time.monotonic() > deadline:
-                    raise map_error(exc, hosts) from exc
-                await asyncio.sleep(0.005)
-            except KafkaException as exc:
-                raise map_error(exc, hosts) from exc
+        try:
+            await self._produce(
+                self._live_producer(),
+                topic,
+                body,
+                key.encode() if key is not None else None,
+                record_headers,
+                functools.partial(batch.report, 0),
+            )
+        except BaseException:
+            batch.shrink(0)
+            raise
+        return batch.future
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -328,11 +366,63 @@ class KafkaBackend(Backend):
         self._receivers.discard(receiver)
 
 
-def _resolve(fut: asyncio.Future[tuple[int, int]], value: tuple[int, int]) -> None:
-    if not fut.done():
-        fut.set_result(value)
+class _Batch:
+    """The delivery reports of one ``publish`` call, counted down on the poll thread.
+
+    Each report stores its record's id; the last one wakes the event loop once
+    (one ``call_soon_threadsafe`` per batch instead of one future per record).
+    """
+
+    __slots__ = ("_error", "_hosts", "_lock", "_loop", "_remaining", "future", "ids")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, hosts: Sequence[HostPort]):
+        self._loop = loop
+        self._hosts = hosts
+        self._lock = threading.Lock()
+        self._remaining = size
+        self._error: KafkaError | None = None
+        self.ids: list[str] = [""] * size
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.future.add_done_callback(_retrieve)
+        if size == 0:
+            self.future.set_result(None)
+
+    def report(self, index: int, err: KafkaError | None, msg: Any) -> None:
+        """librdkafka's delivery report (poll thread)."""
+        if err is None:
+            self.ids[index] = f"{msg.partition()}-{msg.offset()}"
+        elif self._error is None:
+            self._error = err
+        with self._lock:
+            self._remaining -= 1
+            last = self._remaining == 0
+        if last:
+            self._wake()
+
+    def shrink(self, produced: int) -> None:
+        """Only ``produced`` records were handed over (a produce call failed)."""
+        with self._lock:
+            self._remaining -= len(self.ids) - produced
+            last = self._remaining == 0
+        if last:
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._finish)
+        except RuntimeError:  # the event loop is gone: nobody awaits this batch
+            pass
+
+    def _finish(self) -> None:
+        if self.future.done():
+            return
+        if self._error is not None:
+            self.future.set_exception(map_error(KafkaException(self._error), self._hosts))
+        else:
+            self.future.set_result(None)
 
 
-def _fail(fut: asyncio.Future[tuple[int, int]], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    """Mark an abandoned batch's error as seen (the caller got the produce error instead)."""
+    if not fut.cancelled():
+        fut.exception()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib import import_module
 from importlib.metadata import entry_points
+
 from brokerkit._errors import ConfigError
 from brokerkit.backends.base import Backend
 

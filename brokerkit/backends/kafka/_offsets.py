@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "METADATA_BUDGET",
@@ -31,6 +32,8 @@ __all__ = [
     "OffsetState",
     "decode_metadata",
     "encode_metadata",
+    "encode_runs",
+    "state_text",
 ]
 
 SETTLED = -1
@@ -64,11 +67,34 @@ def _b36(n: int) -> str:
             return out
 
 
-def _state_text(state: OffsetState) -> str:
-    if state.count == SETTLED:
+def state_text(count: int, due_ms: int = 0) -> str:
+    """The metadata text of one state (``count`` may be SETTLED)."""
+    if count == SETTLED:
         return "s"
-    text = _b36(state.count)
-    return f"{text}@{_b36(state.due_ms)}" if state.due_ms else text
+    text = _b36(count)
+    return f"{text}@{_b36(due_ms)}" if due_ms else text
+
+
+def encode_runs(
+    commit: int, runs: Iterable[tuple[int, int, str]], budget: int = METADATA_BUDGET
+) -> tuple[str, int]:
+    """Encode ``(start, length, state_text)`` runs (ascending, disjoint, all ``>= commit``).
+
+    Returns the text and the end of the offsets it covers: when the text would
+    exceed ``budget`` the highest runs are dropped, and offsets from the returned
+    end on read as "never delivered".
+    """
+    parts = [_PREFIX]
+    size = len(_PREFIX)
+    prev_end = commit
+    for start, length, text in runs:
+        token = f";{_b36(start - prev_end)}.{_b36(length)}.{text}"
+        if size + len(token) > budget:
+            return "".join(parts), prev_end
+        parts.append(token)
+        size += len(token)
+        prev_end = start + length
+    return "".join(parts), -1
 
 
 def encode_metadata(
@@ -80,36 +106,16 @@ def encode_metadata(
     highest offsets are dropped (they then read as "never delivered": the only
     loss is a possible re-delivery or an undercounted attempt, never a lost message).
     """
-    parts = [_PREFIX]
-    size = len(_PREFIX)
-    prev_end = commit
-    run_start = run_len = 0
-    run_text: str | None = None
-
-    def flush() -> bool:
-        nonlocal size, prev_end
-        if run_text is None:
-            return True
-        token = f";{_b36(run_start - prev_end)}.{_b36(run_len)}.{run_text}"
-        if size + len(token) > budget:
-            return False
-        parts.append(token)
-        size += len(token)
-        prev_end = run_start + run_len
-        return True
-
+    runs: list[list[Any]] = []
     for offset, state in states:
         if offset < commit or state.count == 0:
             continue
-        text = _state_text(state)
-        if run_text == text and offset == run_start + run_len:
-            run_len += 1
-            continue
-        if not flush():
-            return "".join(parts)
-        run_start, run_len, run_text = offset, 1, text
-    flush()
-    return "".join(parts)
+        text = state_text(state.count, state.due_ms)
+        if runs and runs[-1][2] == text and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1][1] += 1
+        else:
+            runs.append([offset, 1, text])
+    return encode_runs(commit, ((r[0], r[1], r[2]) for r in runs), budget)[0]
 
 
 def decode_metadata(commit: int, metadata: str | None) -> dict[int, OffsetState]:

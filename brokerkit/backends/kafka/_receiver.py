@@ -31,10 +31,12 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
+import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +52,8 @@ from brokerkit.backends.kafka._offsets import (
     DedupMemory,
     OffsetState,
     decode_metadata,
-    encode_metadata,
+    encode_runs,
+    state_text,
 )
 from brokerkit.backends.kafka._options import LOG
 
@@ -69,10 +72,16 @@ FLUSH_DELAY = 0.05
 REVOKE_WAIT = 120.0
 """Longest a rebalance waits for handed-out records of a revoked partition to settle."""
 _CONSUME_TIMEOUT = 0.02
+"""consume() timeout of an idle consumer thread (the longest a first command waits)."""
+_HOT_SPELL = 0.25
+"""After a command, the thread stays hot this long: non-blocking consume + a kickable wait."""
+_HOT_WAIT = 0.002
 _BATCH = 500
 
 Key = tuple[str, int]
 Snapshot = tuple[str, int, int, str]  # topic, partition, commit offset, metadata
+_NO_HEADERS: dict[str, str] = {}
+"""Shared by every record without headers (never mutated)."""
 _Command = tuple[Callable[[Consumer], Any], concurrent.futures.Future[Any]]
 
 
@@ -111,41 +120,75 @@ class _Part:
     records: dict[int, _Record] = field(default_factory=dict)
     """Unsettled records read, in offset order."""
     gate: GroupGate[int] = field(default_factory=GroupGate)
-    parked: list[_Record] = field(default_factory=list)
+    parked: list[tuple[int, int, _Record]] = field(default_factory=list)
+    """Heap by offset of eligible records beyond the hand-out window."""
     leased: int = 0
     held_bytes: int = 0
     revoking: bool = False
     gone: bool = False
     dirty: bool = False
+    low: int = -1
+    """No unsettled record below this offset (walks up as records settle)."""
+    top: int = -1
+    """Highest offset whose state the metadata must carry (handed out, restored, skipped)."""
+
+    def __post_init__(self) -> None:
+        self.low = self.commit_from
 
     @property
     def key(self) -> Key:
         return (self.topic, self.partition)
 
     def commit_point(self) -> int:
-        for offset in self.records:
-            return offset
-        return max(self.next_offset, self.commit_from)
+        """The lowest unsettled offset (amortised O(1): ``low`` only moves up)."""
+        low, end, records = self.low, self.next_offset, self.records
+        while low < end and low not in records:
+            low += 1
+        self.low = low
+        return low if low < end else max(end, self.commit_from)
+
+    def runs(self, commit: int) -> Iterator[tuple[int, int, str]]:
+        """The metadata runs above ``commit``: settled offsets and delivery counts."""
+        now_ms = int(time.time() * 1000)
+        records = self.records
+        run_start = run_len = 0
+        run_text = ""  # "" = never delivered (omitted)
+        for offset in range(commit, min(self.top + 1, self.next_offset)):
+            rec = records.get(offset)
+            if rec is None:
+                text = "s"
+            elif rec.count == 0:
+                text = ""
+            elif not rec.due:
+                text = "1" if rec.count == 1 else state_text(rec.count)
+            else:
+                due = int(rec.due * 1000)
+                text = state_text(rec.count, due if due > now_ms else 0)
+            if text == run_text and offset == run_start + run_len:
+                run_len += 1
+                continue
+            if run_text:
+                yield run_start, run_len, run_text
+            run_start, run_len, run_text = offset, 1, text
+        for offset in sorted(self.restored):  # states not read back yet
+            if offset < self.next_offset:
+                continue
+            state = self.restored[offset]
+            text = state_text(state.count, state.due_ms)
+            if text == run_text and offset == run_start + run_len:
+                run_len += 1
+                continue
+            if run_text:
+                yield run_start, run_len, run_text
+            run_start, run_len, run_text = offset, 1, text
+        if run_text:
+            yield run_start, run_len, run_text
 
     def snapshot(self) -> Snapshot:
         """The commit offset and the metadata describing the offsets above it."""
         commit = self.commit_point()
-        now_ms = int(time.time() * 1000)
-
-        def states() -> Any:
-            records = self.records
-            for offset in range(commit, self.next_offset):
-                rec = records.get(offset)
-                if rec is None:
-                    yield offset, OffsetState(SETTLED)
-                else:
-                    due = int(rec.due * 1000)
-                    yield offset, OffsetState(rec.count, due if due > now_ms else 0)
-            for offset in sorted(self.restored):
-                if offset >= self.next_offset:
-                    yield offset, self.restored[offset]
-
-        return (self.topic, self.partition, commit, encode_metadata(commit, states()))
+        text, _ = encode_runs(commit, self.runs(commit))
+        return (self.topic, self.partition, commit, text)
 
 
 class KafkaReceiver(Receiver):
@@ -168,15 +211,28 @@ class KafkaReceiver(Receiver):
         self._settings = settings
         self._loop = asyncio.get_running_loop()
         self._parts: dict[Key, _Part] = {}
-        self._ready: list[tuple[float, int, _Record]] = []
-        self._leases: list[tuple[float, int, _Record]] = []
+        self._ready: deque[tuple[int, _Record]] = deque()
+        """Records due now, in push order: (qseq, record); older qseqs are stale entries."""
+        self._later: list[tuple[float, int, _Record]] = []
+        """Heap of records due later (nack delay): (due wall-clock time, qseq, record)."""
+        self._leases: list[tuple[float, int, list[tuple[_Record, int]]]] = []
+        """Heap of lease deadlines, one entry per hand-out: (deadline, seq, [(rec, token)])."""
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self._wake = asyncio.Event()
         self._flush_handle: asyncio.TimerHandle | None = None
+        self._staged: list[_Record] = []
+        """Counted (committed) but not handed over yet: the next receive's batch."""
+        self._staging: asyncio.Future[None] | None = None
         self._closed = False
         # shared with the consumer thread
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._commands_closed = False
+        self._commands_lock = threading.Lock()
+        self._kick = threading.Event()
+        """Set with every command: wakes the consumer thread when it is hot."""
+        self._hot_until = 0.0
+        """Monotonic time until which the thread polls without blocking (commands expected)."""
         self._stop = threading.Event()
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._finished: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -220,8 +276,10 @@ class KafkaReceiver(Receiver):
             while not self._stop.is_set():
                 self._run_commands(consumer)
                 self._flow_control(consumer, paused)
+                hot = time.monotonic() < self._hot_until
                 try:
-                    msgs = consumer.consume(_BATCH, _CONSUME_TIMEOUT)
+                    # hot: never block in consume (it cannot be woken); wait on the kick instead
+                    msgs = consumer.consume(_BATCH, 0 if hot else _CONSUME_TIMEOUT)
                 except (KafkaException, RuntimeError) as exc:
                     LOG.warning("kafka consume failed: %s", exc)
                     time.sleep(0.1)
@@ -235,19 +293,24 @@ class KafkaReceiver(Receiver):
                         LOG.debug("kafka consume error: %s", err)
                 if good:
                     self._post(self._ingest, good)
+                elif hot:
+                    self._kick.wait(_HOT_WAIT)
+                    self._kick.clear()
         finally:
             self._run_commands(consumer)
             try:
                 consumer.close()
             except Exception as exc:
                 LOG.debug("kafka consumer close: %s", exc)
-            while True:  # anything sent after the loop stopped fails instead of hanging
-                try:
-                    _, fut = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if not fut.done():
-                    fut.set_exception(LeaseExpired("the consumer is closed"))
+            with self._commands_lock:  # anything sent after that fails instead of hanging
+                self._commands_closed = True
+                while True:
+                    try:
+                        command = self._commands.get_nowait()
+                    except queue.Empty:
+                        break
+                    if not command[1].done():
+                        command[1].set_exception(LeaseExpired("the consumer is closed"))
             self._finished.set_result(None)
 
     def _run_commands(self, consumer: Consumer) -> None:
@@ -365,10 +428,16 @@ class KafkaReceiver(Receiver):
 
     async def _call(self, fn: Callable[[Consumer], Any]) -> Any:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        if self._finished.done():
-            raise LeaseExpired("the consumer is closed")
-        self._commands.put((fn, fut))
+        self._send(fn, fut)
         return await asyncio.wrap_future(fut)
+
+    def _send(self, fn: Callable[[Consumer], Any], fut: concurrent.futures.Future[Any]) -> None:
+        with self._commands_lock:
+            if self._commands_closed:
+                raise LeaseExpired("the consumer is closed")
+            self._commands.put((fn, fut))
+        self._hot_until = time.monotonic() + _HOT_SPELL
+        self._kick.set()
 
     # ================================================================ event-loop side
 
@@ -387,6 +456,7 @@ class KafkaReceiver(Receiver):
         parts = [p for k in keys if (p := self._parts.get(k)) is not None]
         for part in parts:
             part.revoking = True
+        self._unstage(parts)
         deadline = time.monotonic() + REVOKE_WAIT
         while any(p.leased for p in parts) and time.monotonic() < deadline:
             self._expire_leases(time.monotonic())
@@ -412,38 +482,57 @@ class KafkaReceiver(Receiver):
 
     def _ingest(self, msgs: list[Any]) -> None:
         touched: set[_Part] = set()
+        parts, topic = self._parts, self._topic
+        seq, ready = self._seq, self._ready
+        last_p = -1
+        part: _Part | None = None
         for msg in msgs:
-            part = self._parts.get((msg.topic(), msg.partition()))
+            p = msg.partition()
+            if p != last_p:  # a consume() batch comes in runs of one partition
+                last_p, part = p, parts.get((topic, p))
+                if part is not None and not part.gone:
+                    touched.add(part)
             if part is None or part.gone:
                 continue
             offset = msg.offset()
             if offset < part.next_offset:
                 continue
             part.next_offset = offset + 1
-            headers = {k: (v or b"").decode("utf-8", "replace") for k, v in msg.headers() or ()}
-            group = headers.pop(GROUP_HEADER, None)
-            dedup = headers.pop(DEDUP_HEADER, None)
+            raw = msg.headers()
+            if raw:
+                headers = {k: (v or b"").decode("utf-8", "replace") for k, v in raw}
+                group = headers.pop(GROUP_HEADER, None)
+                dedup = headers.pop(DEDUP_HEADER, None)
+            else:
+                headers, group, dedup = _NO_HEADERS, None, None
             timestamp = msg.timestamp()[1]
-            touched.add(part)
-            if dedup is not None and part.dedup.is_duplicate(dedup, timestamp):
-                continue  # a duplicate: settled without delivery
             if offset < part.commit_from:
+                if dedup is not None:
+                    part.dedup.is_duplicate(dedup, timestamp)
                 continue  # read only to rebuild the dedup memory
-            state = part.restored.pop(offset, None)
-            if state is not None and state.count == SETTLED:
-                continue
+            if dedup is not None and part.dedup.is_duplicate(dedup, timestamp):
+                part.top = max(part.top, offset)
+                continue  # a duplicate: settled without delivery
+            state = part.restored.pop(offset, None) if part.restored else None
+            if state is not None:
+                part.top = max(part.top, offset)
+                if state.count == SETTLED:
+                    continue
             body = msg.value() or b""
             rec = _Record(part, offset, body, headers, group, dedup, timestamp)
+            part.records[offset] = rec
+            part.held_bytes += len(body)
             if state is not None:
                 rec.count = state.count
                 rec.due = state.due_ms / 1000.0
-            part.records[offset] = rec
-            part.held_bytes += len(body)
-            if group is None or part.gate.push(group, offset):
-                self._push(rec, rec.due)
+                if group is None or part.gate.push(group, offset):
+                    self._push(rec, rec.due)
+            elif group is None or part.gate.push(group, offset):
+                rec.qseq = qseq = next(seq)  # _push, inlined: due now
+                ready.append((qseq, rec))
         for part in touched:
             self._update_backlog(part)
-            part.dirty = True
+            part.dirty = True  # the flush updates the backlog again as records settle
         if touched:
             self._schedule_flush()
             self._wake.set()
@@ -453,17 +542,20 @@ class KafkaReceiver(Receiver):
         self._backlog[part.key] = (span, part.held_bytes)
 
     def _push(self, rec: _Record, due: float) -> None:
-        rec.qseq = next(self._seq)
-        heapq.heappush(self._ready, (due, rec.qseq, rec))
+        rec.qseq = qseq = next(self._seq)
+        if due <= 0.0:
+            self._ready.append((qseq, rec))
+        else:
+            heapq.heappush(self._later, (due, qseq, rec))
 
     def _expire_leases(self, now: float) -> None:
         leases = self._leases
         while leases and leases[0][0] <= now:
-            _, token, rec = heapq.heappop(leases)
-            if rec.token != token or rec.deadline > now:
-                continue
-            self._unlease(rec)
-            self._push(rec, 0.0)
+            for rec, token in heapq.heappop(leases)[2]:
+                if rec.token != token or rec.deadline > now:
+                    continue  # settled, or extended (a later entry holds it)
+                self._unlease(rec)
+                self._push(rec, 0.0)
 
     def _unlease(self, rec: _Record) -> None:
         rec.token = 0
@@ -472,13 +564,20 @@ class KafkaReceiver(Receiver):
             rec.part.gate.give_back(rec.fifo_group)
         self._wake.set()
 
-    def _take(self, max_messages: int) -> list[_Record]:
+    def _take(self, max_messages: int, *, staged: bool = False) -> list[_Record]:
         out: list[_Record] = []
-        ready = self._ready
-        now = time.time()
-        deadline = time.monotonic() + self._settings.ack_timeout
-        while ready and ready[0][0] <= now and len(out) < max_messages:
-            _, qseq, rec = heapq.heappop(ready)
+        ready, later = self._ready, self._later
+        if later:
+            now = time.time()
+            while later and later[0][0] <= now:
+                _, qseq, rec = heapq.heappop(later)
+                ready.append((qseq, rec))
+        # a staged record has no lease (and no lease entry) until it is handed over
+        deadline = math.inf if staged else time.monotonic() + self._settings.ack_timeout
+        held: list[tuple[_Record, int]] = []
+        tokens = self._tokens
+        while ready and len(out) < max_messages:
+            qseq, rec = ready.popleft()
             part = rec.part
             if rec.qseq != qseq or rec.token or part.gone or part.revoking:
                 continue
@@ -489,25 +588,29 @@ class KafkaReceiver(Receiver):
             if group is not None and (gate.is_busy(group) or gate.head(group) != rec.offset):
                 continue
             if rec.offset >= part.commit_point() + WINDOW:
-                part.parked.append(rec)
+                heapq.heappush(part.parked, (rec.offset, rec.qseq, rec))
                 continue
             if group is not None:
                 part.gate.take(group)
             rec.qseq = 0
+            if rec.offset > part.top:
+                part.top = rec.offset
             rec.count += 1
             rec.due = 0.0
-            rec.token = next(self._tokens)
+            rec.token = token = next(tokens)
             rec.deadline = deadline
             part.leased += 1
-            heapq.heappush(self._leases, (deadline, rec.token, rec))
+            held.append((rec, token))
             out.append(rec)
+        if held and not staged:
+            heapq.heappush(self._leases, (deadline, next(self._seq), held))
         return out
 
     def _next_wake(self, end: float) -> float:
         now = time.monotonic()
         timeout = end - now
-        if self._ready:
-            timeout = min(timeout, self._ready[0][0] - time.time())
+        if self._later:
+            timeout = min(timeout, self._later[0][0] - time.time())
         if self._leases:
             timeout = min(timeout, self._leases[0][0] - now)
         return max(timeout, 0.001)
@@ -517,13 +620,19 @@ class KafkaReceiver(Receiver):
         # Give up slightly before ``wait``: a receive that ends in the same loop iteration as
         # a caller's equally long timeout can starve the facade's done-callback (see docs).
         end = time.monotonic() + wait - min(0.05, wait / 10)
+        if self._staging is not None:
+            await asyncio.shield(self._staging)  # cancelled: the staged records stay staged
         while True:
             self._expire_leases(time.monotonic())
-            taken = self._take(max_messages)
-            if taken:
-                delivered = await self._persist(taken)
-                if delivered:
-                    return [self._delivery(rec) for rec in delivered]
+            delivered = self._hand_over_staged(max_messages)
+            if not delivered:
+                taken = self._take(max_messages)
+                if taken:
+                    delivered = await self._persist(taken)
+            if delivered:
+                if len(delivered) == max_messages:
+                    self._stage_next(max_messages)
+                return [self._delivery(rec) for rec in delivered]
             if time.monotonic() >= end:
                 return []
             self._wake.clear()
@@ -531,6 +640,66 @@ class KafkaReceiver(Receiver):
                 await asyncio.wait_for(self._wake.wait(), self._next_wake(end))
             except TimeoutError:
                 pass
+
+    def _stage_next(self, max_messages: int) -> None:
+        """Busy: take the next batch now and commit its counts while the caller works.
+
+        Staged records are counted and hold their fifo_group, but their lease starts
+        only when a receive hands them over; close and revocation give them back
+        uncounted. (A crash meanwhile over-counts them by one, as for any crash
+        between the count commit and the hand-out.)
+        """
+        if self._closed or self._staging is not None or self._staged:
+            return
+        if not self._ready and not self._later:
+            return
+        taken = self._take(max_messages, staged=True)
+        if taken:
+            self._staged = taken
+            self._staging = asyncio.ensure_future(self._stage(taken))
+
+    async def _stage(self, taken: list[_Record]) -> None:
+        try:
+            await self._persist(taken)  # a failure gives the records back (token 0)
+        finally:
+            self._staging = None
+
+    def _hand_over_staged(self, max_messages: int) -> list[_Record]:
+        """Start the lease of staged records the count commit covered."""
+        if not self._staged:
+            return []
+        out: list[_Record] = []
+        rest: list[_Record] = []
+        for rec in self._staged:
+            part = rec.part
+            if not rec.token or part.gone or part.records.get(rec.offset) is not rec:
+                continue
+            (out if len(out) < max_messages else rest).append(rec)
+        self._staged = rest
+        if out:
+            deadline = time.monotonic() + self._settings.ack_timeout
+            held = []
+            for rec in out:
+                rec.deadline = deadline
+                held.append((rec, rec.token))
+            heapq.heappush(self._leases, (deadline, next(self._seq), held))
+        return out
+
+    def _unstage(self, parts: Sequence[_Part] | None = None) -> None:
+        """Give staged records back uncounted (close, or their partition is revoked)."""
+        keep: list[_Record] = []
+        for rec in self._staged:
+            if not rec.token or rec.part.gone:
+                continue
+            if parts is not None and rec.part not in parts:
+                keep.append(rec)
+                continue
+            rec.count -= 1
+            self._unlease(rec)
+            rec.due = 0.0
+            self._push(rec, 0.0)
+            self._mark_dirty(rec.part)
+        self._staged = keep
 
     async def _persist(self, taken: list[_Record]) -> list[_Record]:
         parts = {rec.part for rec in taken}
@@ -544,8 +713,9 @@ class KafkaReceiver(Receiver):
         for rec in taken:
             part = rec.part
             if part.key in ok and not part.gone:
-                part.dirty = False
-                delivered.append(rec)
+                # (part stays dirty: acks made while this commit was in flight are not in it)
+                if rec.token:  # else given back meanwhile (lease ran out, unstaged)
+                    delivered.append(rec)
             elif not part.gone and rec.token:
                 # not recorded: give it back uncounted and try again later
                 failed = True
@@ -561,7 +731,7 @@ class KafkaReceiver(Receiver):
         return Delivery(
             id=f"{part.partition}-{rec.offset}",
             body=rec.body,
-            headers=dict(rec.headers),
+            headers=dict(rec.headers) if rec.headers else {},
             fifo_group=rec.fifo_group,
             dedup_id=rec.dedup_id,
             attempt=rec.count,
@@ -586,18 +756,19 @@ class KafkaReceiver(Receiver):
         part = rec.part
         rec.token = 0
         part.leased -= 1
-        before = part.commit_point()
         del part.records[rec.offset]
         part.held_bytes -= len(rec.body)
         if rec.fifo_group is not None:
             nxt = part.gate.done(rec.fifo_group)
             if nxt is not None:
                 self._push(part.records[nxt], part.records[nxt].due)
-        if part.parked and part.commit_point() != before:
-            parked, part.parked = part.parked, []
-            for other in parked:
-                self._push(other, other.due)
-        self._update_backlog(part)
+        parked = part.parked
+        if parked:
+            limit = part.commit_point() + WINDOW
+            while parked and parked[0][0] < limit:
+                other = heapq.heappop(parked)[2]
+                if part.records.get(other.offset) is other:
+                    self._push(other, other.due)
         self._mark_dirty(part)
 
     def _mark_dirty(self, part: _Part) -> None:
@@ -617,9 +788,13 @@ class KafkaReceiver(Receiver):
             if part.dirty and not part.gone and not part.revoking:
                 part.dirty = False
                 snaps.append(part.snapshot())
-        if snaps and not self._finished.done():
+                self._update_backlog(part)
+        if snaps:
             fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            self._commands.put((lambda c: self._commit(c, snaps, False), fut))
+            try:
+                self._send(lambda c: self._commit(c, snaps, False), fut)
+            except LeaseExpired:
+                pass
 
     async def ack(self, delivery: Delivery) -> None:
         """ack -> settled in memory; the commit follows within ack_flush_interval."""
@@ -649,7 +824,7 @@ class KafkaReceiver(Receiver):
     async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
         rec = self._held(delivery)
         rec.deadline = time.monotonic() + ack_timeout
-        heapq.heappush(self._leases, (rec.deadline, rec.token, rec))
+        heapq.heappush(self._leases, (rec.deadline, next(self._seq), [(rec, rec.token)]))
 
     async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
         """dead_letter -> produce the copy to the DLQ topic, await its report, then settle."""
@@ -670,6 +845,9 @@ class KafkaReceiver(Receiver):
         if self._closed:
             return
         self._closed = True
+        if self._staging is not None:
+            await asyncio.wait([self._staging], timeout=30.0)
+        self._unstage()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None

@@ -769,6 +769,11 @@ class KafkaReceiver(Receiver):
                 other = heapq.heappop(parked)[2]
                 if part.records.get(other.offset) is other:
                     self._push(other, other.due)
+        if self._backlog.get(part.key, (0, 0))[0] >= RESUME_SPAN:
+            # fetching may be paused: tell the thread as soon as it may resume
+            self._update_backlog(part)
+            if self._backlog[part.key][0] < RESUME_SPAN:
+                self._kick.set()
         self._mark_dirty(part)
 
     def _mark_dirty(self, part: _Part) -> None:

@@ -64,7 +64,7 @@ __all__ = ["KafkaReceiver"]
 
 WINDOW = 200
 """Records are handed out only below commit point + WINDOW (bounds the commit metadata)."""
-PAUSE_SPAN, RESUME_SPAN = 1000, 500
+PAUSE_SPAN, RESUME_SPAN = 4000, 2000
 """Fetching of a partition pauses when this many offsets are held above its commit point."""
 PAUSE_BYTES, RESUME_BYTES = 16 << 20, 8 << 20
 FLUSH_DELAY = 0.05

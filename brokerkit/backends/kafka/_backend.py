@@ -260,25 +260,27 @@ class KafkaBackend(Backend):
         batch = _Batch(asyncio.get_running_loop(), len(messages), self.hosts)
         producer = self._live_producer()
         produced = 0
+        produce = producer.produce
+        report = batch.report
         try:
             for msg in messages:
-                record_headers: list[tuple[str, str | bytes | None]] = [
-                    (k, v.encode()) for k, v in msg.headers.items()
-                ]
+                record_headers: list[tuple[str, str | bytes | None]] | None = None
+                if msg.headers:
+                    record_headers = [(k, v.encode()) for k, v in msg.headers.items()]
                 group, dedup = msg.fifo_group, msg.dedup_id
-                if group is not None:
-                    record_headers.append((GROUP_HEADER, group.encode()))
-                if dedup is not None:
-                    record_headers.append((DEDUP_HEADER, dedup.encode()))
-                key = group if group is not None else dedup
-                await self._produce(
-                    producer,
-                    topic,
-                    msg.body,
-                    key.encode() if key is not None else None,
-                    record_headers,
-                    functools.partial(batch.report, produced),
-                )
+                key: bytes | None = None
+                if group is not None or dedup is not None:
+                    record_headers = record_headers or []
+                    if group is not None:
+                        record_headers.append((GROUP_HEADER, group.encode()))
+                    if dedup is not None:
+                        record_headers.append((DEDUP_HEADER, dedup.encode()))
+                    key = (group if group is not None else str(dedup)).encode()
+                on_delivery = functools.partial(report, produced)
+                try:  # the common case inline; a full queue or an error goes the slow way
+                    produce(topic, msg.body, key, headers=record_headers, on_delivery=on_delivery)
+                except (BufferError, KafkaException):
+                    await self._produce(producer, topic, msg.body, key, record_headers, on_delivery)
                 produced += 1
         finally:
             if produced < len(messages):
@@ -296,7 +298,7 @@ class KafkaBackend(Backend):
         topic: str,
         body: bytes,
         key: bytes | None,
-        headers: list[tuple[str, str | bytes | None]],
+        headers: list[tuple[str, str | bytes | None]] | None,
         on_delivery: Callable[[KafkaError | None, Any], None],
     ) -> None:
         """``Producer.produce``; waits (bounded) while librdkafka's queue is full."""

@@ -9,6 +9,10 @@ state of each owned partition and sends the thread commands.
   concurrently, one record per group at a time (``GroupGate``). Before a record is
   handed out its new delivery count is committed (``commit(asynchronous=False)``
   with the partition's state in the commit metadata), so ``attempt`` is durable.
+  A receive that returns a full batch stages the next one (taken and counted now,
+  leased when the next receive hands it over), so that commit overlaps the caller's work.
+  The thread runs commands between ``consume`` calls; after a command it stays hot
+  (non-blocking ``consume`` + a wait on ``_kick``) so the next command starts at once.
 * ack -> the record is settled in memory; the partition's commit offset moves to
   the lowest unsettled offset and the settled offsets above it go into the
   metadata; an asynchronous commit follows within ``ack_flush_interval``.

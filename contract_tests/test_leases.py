@@ -12,14 +12,22 @@ from contract_tests._helpers import WAIT, nothing_within, receive, receive_n, re
 from contract_tests.conftest import Connect
 
 
-async def _first_of(*consumers: brokerkit.Consumer, timeout: float) -> brokerkit.Message:
-    """The first message any of ``consumers`` yields; the other pending reads are cancelled."""
-    tasks = [asyncio.ensure_future(c.__anext__()) for c in consumers]
+async def _first_of(
+    *consumers: brokerkit.Consumer, timeout: float
+) -> tuple[brokerkit.Consumer, brokerkit.Message]:
+    """The first message any of ``consumers`` yields, and which one yielded it.
+
+    Which consumer of a group gets a message is the broker's choice (Kafka hands
+    a partition to one member), so tests never assume it. The other pending
+    reads are cancelled, which loses nothing.
+    """
+    tasks = {asyncio.ensure_future(c.__anext__()): c for c in consumers}
     try:
         done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if not done:
-            raise AssertionError(f"no redelivery within {timeout:.1f}s")
-        return done.pop().result()
+            raise AssertionError(f"no delivery within {timeout:.1f}s")
+        task = done.pop()
+        return tasks[task], task.result()
     finally:
         for task in tasks:
             task.cancel()
@@ -37,10 +45,10 @@ async def test_lease_expiry_redelivers_to_the_group_and_late_settle_raises(
         a.consumer(queue, group, ack_timeout=ack_timeout, close_timeout=0) as hung,
         b.consumer(queue, group, ack_timeout=ack_timeout, close_timeout=0) as other,
     ):
-        held = await receive(hung)
+        _, held = await _first_of(hung, other, timeout=WAIT)
         assert held.attempt == 1
         # the holder never settles; the message must come back to some consumer of the group
-        again = await _first_of(hung, other, timeout=redelivery_deadline(a, ack_timeout))
+        _, again = await _first_of(hung, other, timeout=redelivery_deadline(a, ack_timeout))
         assert (again.id, again.body, again.attempt) == (held.id, b"hung", 2)
         with pytest.raises(brokerkit.LeaseExpired):
             await held.ack()
@@ -55,10 +63,11 @@ async def test_lease_extend_keeps_the_message_away_from_others(
     a, b = await connect(), await connect()
     await a.publish(queue, b"long-job")
     async with (
-        a.consumer(queue, group, ack_timeout=ack_timeout) as worker,
-        b.consumer(queue, group, ack_timeout=ack_timeout) as other,
+        a.consumer(queue, group, ack_timeout=ack_timeout) as first,
+        b.consumer(queue, group, ack_timeout=ack_timeout) as second,
     ):
-        msg = await receive(worker)
+        worker, msg = await _first_of(first, second, timeout=WAIT)
+        other = second if worker is first else first
         loop = asyncio.get_running_loop()
         until = loop.time() + ack_timeout * 3
         while loop.time() < until:  # work three leases long, renewing at half the lease

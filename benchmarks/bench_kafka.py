@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 import uuid
 
@@ -33,6 +32,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 import brokerkit
+from brokerkit._bench import consume_rate, publish_rate, summary
 
 BODY = b"x" * 100
 BATCH = 500
@@ -123,30 +123,13 @@ def raw_consume_store(servers: str, topic: str, n: int) -> float:
 
 async def bk_publish(url: str, queue: str, n: int) -> float:
     async with brokerkit.connect(url) as broker:
-        await broker.publish(queue, b"warm-up")
-        start = time.perf_counter()
-        for i in range(0, n, BATCH):
-            await broker.publish_many(
-                queue, [brokerkit.Outgoing(BODY) for _ in range(min(BATCH, n - i))]
-            )
-        return n / (time.perf_counter() - start)
+        await broker.publish(queue, b"warm-up")  # as raw: producer id and metadata first
+        return await publish_rate(broker, queue, n, BODY)
 
 
 async def bk_consume(url: str, queue: str, n: int) -> float:
-    async with (
-        brokerkit.connect(url) as broker,
-        broker.consumer(queue, "bench", prefetch=BATCH) as consumer,
-    ):
-        got = 0
-        start = 0.0
-        async for msg in consumer:
-            if not start:
-                start = time.perf_counter()
-            await msg.ack()
-            got += 1
-            if got >= n + 1:  # + the warm-up message
-                break
-        return n / (time.perf_counter() - start)
+    async with brokerkit.connect(url) as broker:
+        return await consume_rate(broker, queue, n + 1, BATCH)  # + the warm-up message
 
 
 def main() -> None:
@@ -166,12 +149,12 @@ def main() -> None:
         queue = f"bench-{uuid.uuid4().hex[:8]}"
         rates["bk pub"].append(asyncio.run(bk_publish(args.url, queue, args.n)))
         rates["bk con"].append(asyncio.run(bk_consume(args.url, queue, args.n)))
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    for k, v in med.items():
-        print(f"{k:13s} {v:10.0f} msg/s  (runs: {', '.join(f'{x:.0f}' for x in rates[k])})")
-    print(f"publish ratio brokerkit/raw: {med['bk pub'] / med['raw pub']:.2f}")
-    print(f"consume ratio brokerkit/raw: {med['bk con'] / med['raw con']:.2f}")
-    print(f"consume ratio brokerkit/raw store: {med['bk con'] / med['raw con/store']:.2f}")
+    ratios = [
+        ("publish", "bk pub", "raw pub"),
+        ("consume", "bk con", "raw con"),
+        ("consume vs raw store", "bk con", "raw con/store"),
+    ]
+    print(summary(rates, ratios, title=f"{args.runs} runs, {args.n} x {len(BODY)} B messages"))
 
 
 if __name__ == "__main__":

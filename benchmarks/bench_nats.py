@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 import uuid
 
@@ -24,7 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 import brokerkit
-from brokerkit._bench import consume_rate, publish_rate
+from brokerkit._bench import consume_rate, publish_rate, summary
 
 
 async def raw_publish(
@@ -96,16 +95,9 @@ async def main() -> None:
                 f"{rates['raw_con'][-1]:,.0f}/s brokerkit {rates['bk_con'][-1]:,.0f}/s"
             )
     await nc.close()
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"\nmedians over {args.rounds} rounds, {args.messages} x {args.size} B messages:")
-    print(
-        f"  publish       raw {med['raw_pub']:>9,.0f}/s  brokerkit {med['bk_pub']:>9,.0f}/s"
-        f"  ratio {med['bk_pub'] / med['raw_pub']:.2f}"
-    )
-    print(
-        f"  consume+ack   raw {med['raw_con']:>9,.0f}/s  brokerkit {med['bk_con']:>9,.0f}/s"
-        f"  ratio {med['bk_con'] / med['raw_con']:.2f}"
-    )
+    ratios = [("publish", "bk_pub", "raw_pub"), ("consume+ack", "bk_con", "raw_con")]
+    title = f"{args.rounds} rounds, {args.messages} x {args.size} B messages"
+    print("\n" + summary(rates, ratios, title=title))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 import uuid
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 import brokerkit
-from brokerkit._bench import consume_rate, publish_rate
+from brokerkit._bench import consume_rate, publish_rate, summary
 
 
 async def raw_publish(r: aioredis.Redis, stream: str, count: int, body: bytes, batch: int) -> float:
@@ -90,16 +89,9 @@ async def main() -> None:
                 f"{rates['raw_con'][-1]:,.0f}/s brokerkit {rates['bk_con'][-1]:,.0f}/s"
             )
     await raw.aclose()
-    med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"\nmedians over {args.rounds} rounds, {args.messages} x {args.size} B messages:")
-    print(
-        f"  publish       raw {med['raw_pub']:>9,.0f}/s  brokerkit {med['bk_pub']:>9,.0f}/s"
-        f"  ratio {med['bk_pub'] / med['raw_pub']:.2f}"
-    )
-    print(
-        f"  consume+ack   raw {med['raw_con']:>9,.0f}/s  brokerkit {med['bk_con']:>9,.0f}/s"
-        f"  ratio {med['bk_con'] / med['raw_con']:.2f}"
-    )
+    ratios = [("publish", "bk_pub", "raw_pub"), ("consume+ack", "bk_con", "raw_con")]
+    title = f"{args.rounds} rounds, {args.messages} x {args.size} B messages"
+    print("\n" + summary(rates, ratios, title=title))
 
 
 if __name__ == "__main__":

@@ -68,3 +68,20 @@ async def run_bench(
             publish.append(await publish_rate(broker, queue, messages, body))
             consume.append(await consume_rate(broker, queue, messages, prefetch))
     return BenchResult(publish, consume)
+
+
+def summary(
+    rates: dict[str, list[float]], ratios: list[tuple[str, str, str]], *, title: str
+) -> str:
+    """Medians of every series and the named ``(label, brokerkit, raw)`` ratios, printable.
+
+    The one report format of the benchmark scripts in ``benchmarks/``.
+    """
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    lines = [title]
+    for name, values in rates.items():
+        runs = ", ".join(f"{v:,.0f}" for v in values)
+        lines.append(f"  {name:<16} median {medians[name]:>10,.0f} msgs/s  ({runs})")
+    for label, ours, raw in ratios:
+        lines.append(f"  ratio {label:<24} {medians[ours] / medians[raw]:.2f}")
+    return "\n".join(lines)

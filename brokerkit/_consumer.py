@@ -115,21 +115,7 @@ class Message:
 
     async def ack(self) -> None:
         """Settle: the message is not delivered to this consumer group again."""
-        # the hot path, written out: one check, one backend call
-        if self._state is not _UNSETTLED or _now() > self._deadline:
-            self._check_settleable()
-        self._state = _SETTLING
-        try:
-            await self._receiver.ack(self._delivery)
-        except LeaseExpired:
-            self._state = _LOST
-            self._consumer._forget(self)
-            raise
-        except BaseException:
-            self._state = _UNSETTLED
-            raise
-        self._state = _SETTLED
-        self._consumer._forget(self)
+        await self._settle(self._receiver.ack)
 
     async def nack(self, delay: float | None = None) -> None:
         """Deliver again (attempt + 1) no sooner than ``delay`` seconds from now.
@@ -175,7 +161,9 @@ class Message:
             )
 
     async def _settle(self, action: Any) -> None:
-        self._check_settleable()
+        """Run one settling backend call; the state machine lives here only."""
+        if self._state is not _UNSETTLED or _now() > self._deadline:
+            self._check_settleable()  # raises AlreadySettled or LeaseExpired
         self._state = _SETTLING
         try:
             await action(self._delivery)

@@ -67,6 +67,10 @@ class RedisReceiver(Receiver):
         self._trim_interval = options.trim_interval
         self._next_trim = 0.0
         self._acks: list[Delivery] = []
+        # id(delivery) -> loop time by which its lease surely still holds: taken *before*
+        # the TAKE/EXTEND call, so never later than the server's due time. A coalesced ack
+        # cannot learn of a lost lease in time; this lets ack() refuse a late one at once.
+        self._deadline: dict[int, float] = {}
         self._ack_ready = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
@@ -86,16 +90,18 @@ class RedisReceiver(Receiver):
         args = (self._group, self._me, max(1, max_messages), self._lease_ms, self._fprefix, PARK)
         while True:
             await self._maybe_trim(loop.time())
+            holds_until = loop.time() + self._lease_ms / 1000
             reply = await self._take(keys, args)
             claimed, fresh = reply[4], reply[5]
-            if fresh and not claimed:
-                return [decode_fresh(entry_id, flat) for entry_id, flat in fresh]
             if claimed or fresh:
                 out = [
                     decode_entry(claimed[i], claimed[i + 1], claimed[i + 2])
                     for i in range(0, len(claimed) - 2, 3)
                 ]
                 out += [decode_fresh(entry_id, flat) for entry_id, flat in fresh]
+                deadline = self._deadline
+                for delivery in out:
+                    deadline[id(delivery)] = holds_until
                 return out
             remaining = end - loop.time()
             if remaining <= 0:
@@ -145,8 +151,21 @@ class RedisReceiver(Receiver):
     # -- settling ----------------------------------------------------------------------------
 
     async def ack(self, delivery: Delivery) -> None:
-        """Script ACK. Without a fifo_group it is coalesced for up to ``ack_flush_interval``."""
-        if delivery.fifo_group is None and self._flush_interval > 0 and not self._closed:
+        """Script ACK. Without a fifo_group it is coalesced for up to ``ack_flush_interval``.
+
+        Only while the lease surely holds for the whole flush interval: a late ack raises
+        LeaseExpired at once, and one close to the deadline is sent synchronously.
+        """
+        holds_until = self._deadline.pop(id(delivery), math.inf)
+        left = holds_until - asyncio.get_running_loop().time()
+        if left <= 0:
+            raise _lost(delivery)
+        if (
+            delivery.fifo_group is None
+            and self._flush_interval > 0
+            and left > 2 * self._flush_interval + 0.05
+            and not self._closed
+        ):
             self._acks.append(delivery)
             self._ack_ready.set()
             if self._flusher is None:
@@ -197,11 +216,14 @@ class RedisReceiver(Receiver):
 
     async def nack(self, delivery: Delivery, delay: float) -> None:
         """Script NACK: due again ``delay`` s from now (server clock); a fifo head stays held."""
+        self._deadline.pop(id(delivery), None)
         if await self._nack([delivery], delay, uncount=False):
             raise _lost(delivery)
 
     async def release(self, deliveries: Sequence[Delivery]) -> None:
         """Script NACK with delay 0, giving back the delivery count (not an attempt)."""
+        for delivery in deliveries:
+            self._deadline.pop(id(delivery), None)
         if deliveries:
             await self._nack(deliveries, 0.0, uncount=True)
 
@@ -217,6 +239,7 @@ class RedisReceiver(Receiver):
 
     async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
         """Script DEAD: ``XADD`` the copy to the DLQ stream and ``XACK`` the original, at once."""
+        self._deadline.pop(id(delivery), None)
         entry_id, count = delivery.receipt
         fields = encode_entry(
             delivery.body, delivery.fifo_group, None, {**delivery.headers, **envelope}
@@ -241,8 +264,11 @@ class RedisReceiver(Receiver):
         lease_ms = max(1, math.ceil(ack_timeout * 1000))
         args = (self._group, self._me, entry_id, count, lease_ms)
         backend = self._backend
+        holds_until = asyncio.get_running_loop().time() + lease_ms / 1000
         if not await backend.script(backend.scripts.extend, (self._stream, self._due), args):
             raise _lost(delivery)
+        if id(delivery) in self._deadline:
+            self._deadline[id(delivery)] = holds_until
 
     async def aclose(self) -> None:
         """Flush coalesced acks, then drop the consumer name if it holds nothing. Idempotent."""

@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 import brokerkit
-from brokerkit._bench import consume_rate, publish_rate, summary
+from brokerkit._bench import consume_rate, publish_rate, round_line, summary
 
 
 async def raw_publish(
@@ -89,11 +89,7 @@ async def main() -> None:
             rates["bk_con"].append(await consume_rate(broker, queue, args.messages, args.batch))
             for name in (stream, f"{prefix}_q_{queue}", f"{prefix}_d_{queue}"):
                 await js.delete_stream(name)
-            print(
-                f"round {round_no + 1}: publish raw {rates['raw_pub'][-1]:,.0f}/s "
-                f"brokerkit {rates['bk_pub'][-1]:,.0f}/s; consume+ack raw "
-                f"{rates['raw_con'][-1]:,.0f}/s brokerkit {rates['bk_con'][-1]:,.0f}/s"
-            )
+            print(round_line(round_no, rates))
     await nc.close()
     ratios = [("publish", "bk_pub", "raw_pub"), ("consume+ack", "bk_con", "raw_con")]
     title = f"{args.rounds} rounds, {args.messages} x {args.size} B messages"

@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 import brokerkit
-from brokerkit._bench import consume_rate, publish_rate, summary
+from brokerkit._bench import consume_rate, publish_rate, round_line, summary
 
 
 async def raw_publish(r: aioredis.Redis, stream: str, count: int, body: bytes, batch: int) -> float:
@@ -83,11 +83,7 @@ async def main() -> None:
             rates["raw_con"].append(await raw_consume(raw, stream, args.messages, args.batch))
             rates["bk_con"].append(await consume_rate(broker, queue, args.messages, args.batch))
             await raw.delete(stream, *await raw.keys(f"{prefix}{{{queue}}}*"))
-            print(
-                f"round {round_no + 1}: publish raw {rates['raw_pub'][-1]:,.0f}/s "
-                f"brokerkit {rates['bk_pub'][-1]:,.0f}/s; consume+ack raw "
-                f"{rates['raw_con'][-1]:,.0f}/s brokerkit {rates['bk_con'][-1]:,.0f}/s"
-            )
+            print(round_line(round_no, rates))
     await raw.aclose()
     ratios = [("publish", "bk_pub", "raw_pub"), ("consume+ack", "bk_con", "raw_con")]
     title = f"{args.rounds} rounds, {args.messages} x {args.size} B messages"

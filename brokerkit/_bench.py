@@ -70,6 +70,12 @@ async def run_bench(
     return BenchResult(publish, consume)
 
 
+def round_line(round_no: int, rates: dict[str, list[float]]) -> str:
+    """The latest value of every series, for a benchmark script's per-round progress line."""
+    latest = ", ".join(f"{name} {values[-1]:,.0f}/s" for name, values in rates.items() if values)
+    return f"round {round_no + 1}: {latest}"
+
+
 def summary(
     rates: dict[str, list[float]], ratios: list[tuple[str, str, str]], *, title: str
 ) -> str:

@@ -48,6 +48,13 @@ MAX_BODY = 900 * 1024
 """Largest body: librdkafka's ``message.max.bytes`` (1 MB) minus headers, key and framing."""
 
 _TOPIC_READY_TIMEOUT = 15.0
+_LINGER_MS = 2
+"""librdkafka ``linger.ms``: how long a partition's batch waits for more records."""
+_POLL_EVERY = 64
+"""``publish`` serves ready delivery reports on its own thread every this many records."""
+_FLUSH_MIN = 64
+_FLUSH_WAIT = 0.001
+"""A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)``."""
 
 
 def _on_error(err: KafkaError) -> None:
@@ -218,7 +225,7 @@ class KafkaBackend(Backend):
                 "acks": "all",
                 "enable.idempotence": True,
                 "partitioner": "murmur2_random",
-                "linger.ms": 2,
+                "linger.ms": _LINGER_MS,
                 "message.max.bytes": 1_000_000,
             }
         )
@@ -253,14 +260,20 @@ class KafkaBackend(Backend):
     # -- publishing ---------------------------------------------------------------------------
 
     async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """One ``produce`` per message, one future for the whole batch (see ``_Batch``)."""
+        """One ``produce`` per message, one future for the whole batch (see ``_Batch``).
+
+        The loop also serves ready delivery reports itself (``poll(0)`` every
+        ``_POLL_EVERY`` records and after the last): run on this thread they need
+        no GIL hand-over, whereas the poll thread, wanting the GIL for each report
+        while this loop runs, would get it only once per switch interval (5 ms).
+        """
         if not self._topic_known(queue):
             await self.ensure_queue(queue)
         topic = self.topic(queue)
         batch = _Batch(asyncio.get_running_loop(), len(messages), self.hosts)
         producer = self._live_producer()
         produced = 0
-        produce = producer.produce
+        produce, poll = producer.produce, producer.poll
         report = batch.report
         try:
             for msg in messages:
@@ -282,11 +295,17 @@ class KafkaBackend(Backend):
                 except (BufferError, KafkaException):
                     await self._produce(producer, topic, msg.body, key, record_headers, on_delivery)
                 produced += 1
+                if not produced % _POLL_EVERY:
+                    poll(0)
         finally:
             if produced < len(messages):
                 batch.shrink(produced)
+        if produced >= _FLUSH_MIN:
+            producer.flush(_FLUSH_WAIT)  # send now (no linger), serve reports here
+        else:
+            poll(0)
         await batch.future
-        return [PublishResult(ident, duplicate=None) for ident in batch.ids]
+        return batch.results()
 
     def _topic_known(self, queue: str) -> bool:
         fut = self._topics.get(queue)
@@ -369,13 +388,15 @@ class KafkaBackend(Backend):
 
 
 class _Batch:
-    """The delivery reports of one ``publish`` call, counted down on the poll thread.
+    """The delivery reports of one ``publish`` call, counted down where they are served.
 
-    Each report stores its record's id; the last one wakes the event loop once
-    (one ``call_soon_threadsafe`` per batch instead of one future per record).
+    Reports are served by ``poll`` on the poll thread or on the event loop's
+    thread (``publish`` polls too). Each stores its record's ``Message``; the
+    last one wakes the event loop once (one ``call_soon_threadsafe`` per batch,
+    not one future per record). The ids are built on the loop in ``results``.
     """
 
-    __slots__ = ("_error", "_hosts", "_lock", "_loop", "_remaining", "future", "ids")
+    __slots__ = ("_error", "_hosts", "_lock", "_loop", "_remaining", "future", "reports")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, hosts: Sequence[HostPort]):
         self._loop = loop
@@ -383,16 +404,16 @@ class _Batch:
         self._lock = threading.Lock()
         self._remaining = size
         self._error: KafkaError | None = None
-        self.ids: list[str] = [""] * size
+        self.reports: list[Any] = [None] * size
         self.future: asyncio.Future[None] = loop.create_future()
         self.future.add_done_callback(_retrieve)
         if size == 0:
             self.future.set_result(None)
 
     def report(self, index: int, err: KafkaError | None, msg: Any) -> None:
-        """librdkafka's delivery report (poll thread)."""
+        """librdkafka's delivery report (whichever thread called ``poll``)."""
         if err is None:
-            self.ids[index] = f"{msg.partition()}-{msg.offset()}"
+            self.reports[index] = msg
         elif self._error is None:
             self._error = err
         with self._lock:
@@ -404,10 +425,14 @@ class _Batch:
     def shrink(self, produced: int) -> None:
         """Only ``produced`` records were handed over (a produce call failed)."""
         with self._lock:
-            self._remaining -= len(self.ids) - produced
+            self._remaining -= len(self.reports) - produced
             last = self._remaining == 0
         if last:
             self._wake()
+
+    def results(self) -> list[PublishResult]:
+        """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in)."""
+        return [PublishResult(f"{m.partition()}-{m.offset()}") for m in self.reports]
 
     def _wake(self) -> None:
         try:

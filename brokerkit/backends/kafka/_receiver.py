@@ -219,10 +219,15 @@ class KafkaReceiver(Receiver):
         """Records due now, in push order: (qseq, record); older qseqs are stale entries."""
         self._later: list[tuple[float, int, _Record]] = []
         """Heap of records due later (nack delay): (due wall-clock time, qseq, record)."""
-        self._leases: list[tuple[float, int, list[tuple[_Record, int]]]] = []
-        """Heap of lease deadlines, one entry per hand-out: (deadline, seq, [(rec, token)])."""
+        self._leases: list[tuple[float, int, int, int]] = []
+        """Heap of lease deadlines, one entry per hand-out: (deadline, seq, first token, end).
+
+        A hand-out's tokens are consecutive; the entry names them, not the records,
+        so a settled record (and its body) is freed at once, not at its old deadline."""
+        self._leased: dict[int, _Record] = {}
+        """Token -> record, for every leased (or staged) record: the settle receipts."""
         self._seq = itertools.count(1)
-        self._tokens = itertools.count(1)
+        self._next_token = 1
         self._wake = asyncio.Event()
         self._flush_handle: asyncio.TimerHandle | None = None
         self._staged: list[_Record] = []
@@ -482,6 +487,11 @@ class KafkaReceiver(Receiver):
             if self._parts.get(part.key) is part:
                 del self._parts[part.key]
                 self._backlog.pop(part.key, None)
+        if parts:  # their leases are lost: settles raise LeaseExpired
+            for token, rec in list(self._leased.items()):
+                if rec.part.gone:
+                    del self._leased[token]
+                    rec.token = 0
         self._wake.set()
 
     def _ingest(self, msgs: list[Any]) -> None:
@@ -553,15 +563,18 @@ class KafkaReceiver(Receiver):
             heapq.heappush(self._later, (due, qseq, rec))
 
     def _expire_leases(self, now: float) -> None:
-        leases = self._leases
+        leases, leased = self._leases, self._leased
         while leases and leases[0][0] <= now:
-            for rec, token in heapq.heappop(leases)[2]:
-                if rec.token != token or rec.deadline > now:
+            _, _, first, end = heapq.heappop(leases)
+            for token in range(first, end):
+                rec = leased.get(token)
+                if rec is None or rec.deadline > now:
                     continue  # settled, or extended (a later entry holds it)
                 self._unlease(rec)
                 self._push(rec, 0.0)
 
     def _unlease(self, rec: _Record) -> None:
+        self._leased.pop(rec.token, None)
         rec.token = 0
         rec.part.leased -= 1
         if rec.fifo_group is not None:
@@ -578,8 +591,8 @@ class KafkaReceiver(Receiver):
                 ready.append((qseq, rec))
         # a staged record has no lease (and no lease entry) until it is handed over
         deadline = math.inf if staged else time.monotonic() + self._settings.ack_timeout
-        held: list[tuple[_Record, int]] = []
-        tokens = self._tokens
+        leased = self._leased
+        first = token = self._next_token
         while ready and len(out) < max_messages:
             qseq, rec = ready.popleft()
             part = rec.part
@@ -601,13 +614,15 @@ class KafkaReceiver(Receiver):
                 part.top = rec.offset
             rec.count += 1
             rec.due = 0.0
-            rec.token = token = next(tokens)
+            rec.token = token
+            leased[token] = rec
+            token += 1
             rec.deadline = deadline
             part.leased += 1
-            held.append((rec, token))
             out.append(rec)
-        if held and not staged:
-            heapq.heappush(self._leases, (deadline, next(self._seq), held))
+        self._next_token = token
+        if out and not staged:
+            heapq.heappush(self._leases, (deadline, next(self._seq), first, token))
         return out
 
     def _next_wake(self, end: float) -> float:
@@ -681,12 +696,18 @@ class KafkaReceiver(Receiver):
             (out if len(out) < max_messages else rest).append(rec)
         self._staged = rest
         if out:
+            # new consecutive tokens, so that one lease entry names them all
             deadline = time.monotonic() + self._settings.ack_timeout
-            held = []
+            leased = self._leased
+            first = token = self._next_token
             for rec in out:
+                del leased[rec.token]
+                rec.token = token
+                leased[token] = rec
                 rec.deadline = deadline
-                held.append((rec, rec.token))
-            heapq.heappush(self._leases, (deadline, next(self._seq), held))
+                token += 1
+            self._next_token = token
+            heapq.heappush(self._leases, (deadline, next(self._seq), first, token))
         return out
 
     def _unstage(self, parts: Sequence[_Part] | None = None) -> None:
@@ -739,7 +760,7 @@ class KafkaReceiver(Receiver):
             fifo_group=rec.fifo_group,
             dedup_id=rec.dedup_id,
             attempt=rec.count,
-            receipt=(rec, rec.token),
+            receipt=rec.token,
             extras={
                 "topic": part.topic,
                 "partition": part.partition,
@@ -749,8 +770,8 @@ class KafkaReceiver(Receiver):
         )
 
     def _held(self, delivery: Delivery) -> _Record:
-        rec, token = delivery.receipt
-        if not isinstance(rec, _Record) or rec.token != token or rec.part.gone:
+        rec = self._leased.get(delivery.receipt)
+        if rec is None or rec.part.gone:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost")
         if time.monotonic() > rec.deadline:
             raise LeaseExpired(f"the lease on message {delivery.id!r} ran out")
@@ -758,6 +779,7 @@ class KafkaReceiver(Receiver):
 
     def _settle(self, rec: _Record) -> None:
         part = rec.part
+        del self._leased[rec.token]
         rec.token = 0
         part.leased -= 1
         del part.records[rec.offset]
@@ -833,7 +855,7 @@ class KafkaReceiver(Receiver):
     async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
         rec = self._held(delivery)
         rec.deadline = time.monotonic() + ack_timeout
-        heapq.heappush(self._leases, (rec.deadline, next(self._seq), [(rec, rec.token)]))
+        heapq.heappush(self._leases, (rec.deadline, next(self._seq), rec.token, rec.token + 1))
 
     async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
         """dead_letter -> produce the copy to the DLQ topic, await its report, then settle."""

@@ -143,6 +143,10 @@ class Broker:
     ) -> Consumer:
         """A consumer of ``queue`` in consumer group ``group``: ``async with`` it, iterate it.
 
+        ``prefetch`` bounds the messages fetched (and so leased) but not yet handed to
+        you; with ``prefetch >= 2`` the consumer reads ahead, fetching more once half of
+        them are handed out, so the next batch is on its way while you work. With
+        ``prefetch=1`` a message is fetched only when you ask for it.
         Raises InvalidName or InvalidArgument before any I/O.
         """
         return self._consumer(

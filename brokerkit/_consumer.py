@@ -189,7 +189,8 @@ class Consumer:
     """Reads one queue (or its DLQ) for one consumer group; an async iterator of Messages.
 
     The iterator keeps yielding while earlier messages are unsettled, so
-    messages may be handled concurrently. Cancelling a pending ``__anext__``
+    messages may be handled concurrently; it reads ahead (see ``Broker.consumer``'s
+    ``prefetch``). Cancelling a pending ``__anext__``
     loses nothing. ``aclose`` stops fetching, waits up to ``close_timeout`` for
     held messages to be settled, then gives every unsettled one back.
     """
@@ -215,7 +216,14 @@ class Consumer:
         self.close_timeout = close_timeout
         self.dead_letters = dead_letters
         self._receiver: Receiver | None = None
-        self._buffer: deque[tuple[float, Delivery]] = deque()
+        # fetched, not yet handed out: the batch being handed out, then whole batches, each
+        # with the time its leases run out (ack_timeout after it arrived)
+        self._batch: list[Delivery] = []
+        self._batch_pos = 0
+        self._batch_deadline = 0.0
+        self._buffer: deque[tuple[float, list[Delivery]]] = deque()
+        self._buffered = 0
+        self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._held: dict[int, Message] = {}
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
         self._fetch: asyncio.Task[list[Delivery]] | None = None
@@ -261,9 +269,21 @@ class Consumer:
         if self._receiver is None:
             await self.open()
         while True:
-            while self._buffer:
-                leased_at, delivery = self._buffer.popleft()
-                if _now() > leased_at + self.ack_timeout:
+            batch = self._batch
+            while self._batch_pos < len(batch):
+                delivery = batch[self._batch_pos]
+                self._batch_pos += 1
+                self._buffered -= 1
+                # read ahead: once half the prefetch is handed out, fetch that many more (not
+                # with prefetch=1: that asks for one message at a time, leased when asked for)
+                if (
+                    self._fetch is None
+                    and self._buffered <= self._read_ahead_at
+                    and not self._closing
+                ):
+                    self._start_fetch(self.prefetch - self._buffered, wait=0.0)
+                deadline = self._batch_deadline
+                if _now() > deadline:
                     continue  # the lease ran out while buffered: the broker redelivers it
                 if delivery.attempt > self.max_attempts and not self.dead_letters:
                     # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
@@ -271,7 +291,11 @@ class Consumer:
                         delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
                     )
                     continue
-                return self._admit(delivery, leased_at + self.ack_timeout)
+                return self._admit(delivery, deadline)
+            if self._buffer:
+                self._batch_deadline, self._batch = self._buffer.popleft()
+                self._batch_pos = 0
+                continue
             if self._closing:
                 raise StopAsyncIteration
             await self._fill()
@@ -280,16 +304,25 @@ class Consumer:
         receiver = self._receiver
         assert receiver is not None
         if self._fetch is None:
-            task = asyncio.ensure_future(receiver.receive(self.prefetch, _POLL_WAIT))
-            task.add_done_callback(self._collect)
-            self._fetch = task
+            self._start_fetch(self.prefetch, wait=_POLL_WAIT)
         task = self._fetch
+        assert task is not None
         # shield: cancelling __anext__ must not cancel a receive that may have leased messages;
         # _collect keeps whatever it returns for the next call.
         await asyncio.shield(task)
         # Awaiting a task that is already done does not yield to the loop, so its done
         # callback may not have run yet: collect here rather than spin.
         self._collect(task)
+
+    def _start_fetch(self, count: int, *, wait: float) -> None:
+        """Start one receive. A read-ahead one does not wait (``wait=0``): it only takes
+        what is there now, so nothing is left blocked on an idle queue (close would wait
+        for it); the caller's own fetch, when the buffer is empty, is the one that waits."""
+        receiver = self._receiver
+        assert receiver is not None
+        task = asyncio.ensure_future(receiver.receive(count, wait))
+        task.add_done_callback(self._collect)
+        self._fetch = task
 
     def _collect(self, task: asyncio.Task[list[Delivery]]) -> None:
         """Keep a finished fetch's deliveries; runs once per task (callback or caller)."""
@@ -298,8 +331,10 @@ class Consumer:
         self._fetch = None
         if task.cancelled() or task.exception() is not None:
             return
-        now = _now()
-        self._buffer.extend((now, d) for d in task.result())
+        deliveries = task.result()
+        if deliveries:
+            self._buffer.append((_now() + self.ack_timeout, deliveries))
+            self._buffered += len(deliveries)
 
     def _admit(self, delivery: Delivery, deadline: float) -> Message:
         """Wrap a delivery for the caller and hold it until settled."""
@@ -370,7 +405,11 @@ class Consumer:
                 drained.cancel()
         now = _now()
         seen = [m._delivery for m in list(self._held.values()) if m._give_back(now)]
-        unseen = [d for leased_at, d in self._buffer if leased_at + self.ack_timeout > now]
+        unseen = self._batch[self._batch_pos :] if self._batch_deadline > now else []
+        for deadline, batch in self._buffer:
+            if deadline > now:
+                unseen += batch
+        self._batch, self._batch_pos, self._buffered = [], 0, 0
         self._buffer.clear()
         self._held.clear()
         try:

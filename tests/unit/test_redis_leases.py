@@ -1,4 +1,4 @@
-"""The batched lease scripts (TAKE, ACK) against a real Redis: the lease check stays exact.
+"""Leases (implicit in the PEL, reclaimed by TAKE) and the batched ACK against a real Redis.
 
 Uses the shared test Redis (``BROKERKIT_REDIS_URL``, default 127.0.0.1:6379/0) with fresh
 random queue names; skipped when no Redis answers there.
@@ -7,6 +7,7 @@ random queue names; skipped when no Redis answers there.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -62,21 +63,41 @@ async def take(r: RedisReceiver, n: int) -> list[Delivery]:
 
 
 async def pending(b: RedisBackend, r: RedisReceiver) -> int:
-    summary = await b.command("XPENDING", r._stream, r._group)
-    return int(summary["pending"])
+    total = 0
+    for stream in (r._stream, r._fstream):
+        summary = await b.command("XPENDING", stream, r._group)
+        total += int(summary["pending"])
+    return total
 
 
-async def test_fresh_batch_is_leased_and_acked_in_one_call(backend: RedisBackend) -> None:
+async def test_fresh_batch_is_leased_by_the_read_and_acked_in_one_call(
+    backend: RedisBackend,
+) -> None:
     await publish(backend, 600)
     r = await receiver(backend, 30)
     got = await take(r, 600)
     assert [d.body for d in got] == [b"m%d" % i for i in range(600)]
     assert all(d.attempt == 1 for d in got)
-    assert int(await backend.command("ZCARD", r._due)) == 600
+    # the lease is the PEL entry itself (owner + delivery time): nothing else is written
+    assert await pending(backend, r) == 600
+    assert r._me.endswith("/L30000")
+    assert int(await backend.command("ZCARD", r._due)) == 0
     assert await r._ack_now(got) == []
     assert await pending(backend, r) == 0
-    assert int(await backend.command("ZCARD", r._due)) == 0
     await r.aclose()
+
+
+async def test_a_lease_runs_out_by_its_owners_ack_timeout_not_the_readers(
+    backend: RedisBackend,
+) -> None:
+    await publish(backend, 20)
+    holder = await receiver(backend, 30)
+    held = await take(holder, 20)
+    short = await receiver(backend, 0.2)  # sweeps often, with its own short lease
+    assert await short.receive(20, 1.0) == []  # the holder's 30 s leases still hold
+    assert await holder._ack_now(held) == []
+    await holder.aclose()
+    await short.aclose()
 
 
 async def test_batched_ack_refuses_leases_taken_over(backend: RedisBackend) -> None:
@@ -107,7 +128,7 @@ async def test_ack_of_entries_beyond_the_batched_check_is_checked_alone(
     got = await take(r, 400)
     newest = got[-5:]
     stale = Delivery(
-        newest[0].id, b"", {}, None, None, 7, (newest[0].receipt[0], 7)
+        newest[0].id, b"", {}, None, None, 7, [newest[0].receipt[0], 7, math.inf]
     )  # same entry, wrong delivery count
     assert await r._ack_now([stale]) == [stale.receipt[0]]
     assert await r._ack_now(newest) == []
@@ -122,8 +143,12 @@ async def test_fifo_entries_in_an_ack_batch_advance_their_group(backend: RedisBa
     await publish(backend, 3)
     r = await receiver(backend, 30)
     first = await take(r, 4)  # the fifo head and the three plain ones; the rest are parked
-    assert [d.body for d in first] == [b"m0", b"m0", b"m1", b"m2"]
-    assert first[0].fifo_group == "f"
+    assert sorted((d.fifo_group or "", d.body) for d in first) == [
+        ("", b"m0"),
+        ("", b"m1"),
+        ("", b"m2"),
+        ("f", b"m0"),
+    ]
     assert await r._ack_now(first) == []
     nxt = await take(r, 1)
     assert nxt[0].fifo_group == "f" and nxt[0].body == b"m1" and nxt[0].attempt == 1

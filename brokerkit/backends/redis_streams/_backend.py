@@ -20,10 +20,12 @@ from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSet
 from brokerkit.backends.redis_streams import _lua
 from brokerkit.backends.redis_streams._errors import Runner
 from brokerkit.backends.redis_streams._keys import (
+    FIFO_ID_PREFIX,
     Keys,
     Script,
     command,
     encode_outgoing,
+    public_id,
     run_script,
 )
 from brokerkit.backends.redis_streams._options import RedisOptions
@@ -56,16 +58,19 @@ class RedisBackend(Backend):
 
     Verbs -> Redis (all multi-step verbs are one Lua script, see ``_lua``):
 
-    * publish -> ``XADD`` (pipelined for ``publish_many``); with a dedup_id ->
+    * publish -> ``XADD`` to ``<prefix>{queue}:s``, or to its fifo twin ``…:sf`` for a
+      message with a fifo_group (pipelined for ``publish_many``); with a dedup_id ->
       script ``GET``/``XADD``/``SET PX`` on ``<prefix>{queue}:dd:<id>``;
-    * subscribe -> ``XGROUP CREATE <stream> <group> 0 MKSTREAM`` (new groups start at
-      the oldest retained entry);
-    * receive -> script: ``XCLAIM`` due entries (expired leases, ended nack delays, ready
-      fifo heads) + ``XREADGROUP >``, lease = ``ZADD due``; then ``XREAD BLOCK`` to wait;
-    * ack -> script ``XACK`` + ``ZREM due`` (+ the next fifo entry becomes due), coalesced;
+    * subscribe -> ``XGROUP CREATE <stream> <group> 0 MKSTREAM`` on both (new groups start
+      at the oldest retained entry);
+    * receive -> ``XREADGROUP >`` on ``:s`` (no script), and script TAKE: ``XCLAIM``
+      expired leases and due entries, ``XREADGROUP >`` on ``:sf`` with fifo routing; then
+      ``XREAD BLOCK`` to wait. A lease is the PEL entry's delivery time + the consumer's
+      ack_timeout (carried in its name);
+    * ack -> script ``XACK`` (+ the next fifo entry becomes due), coalesced;
     * nack -> script ``XCLAIM JUSTID`` to the park consumer + ``ZADD due now+delay``;
-    * dead_letter -> script ``XADD <prefix>{queue}:d`` + ``XACK``;
-    * extend -> script ``ZADD due now+ack_timeout``.
+    * dead_letter -> script ``XADD <prefix>{queue}:d`` (or ``:df``) + ``XACK``;
+    * extend -> script ``XCLAIM JUSTID`` to the same consumer (restarts the delivery time).
 
     Build it from a URL, or around your own client with :meth:`from_client`.
     """
@@ -178,25 +183,30 @@ class RedisBackend(Backend):
                 pass
 
     async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """``XADD`` each (pipelined, in order); a dedup_id goes through the dedup script.
+        """``XADD`` each (pipelined, in order) to the queue's stream, or to its fifo twin for
+        a message with a fifo_group; one with a dedup_id goes through the dedup script.
 
         A retry after a lost connection may publish a message without dedup_id twice
         (at-least-once); messages with a dedup_id never are.
         """
         stream = self.keys.stream(queue)
         if len(messages) == 1 and messages[0].dedup_id is None:
-            fields = encode_outgoing(messages[0])
-            entry_id = await self.command("XADD", stream, "*", *fields)
-            return [PublishResult(entry_id.decode(), duplicate=False)]
+            msg = messages[0]
+            fifo = msg.fifo_group is not None
+            target = Keys.fifo(stream) if fifo else stream
+            entry_id = await self.command("XADD", target, "*", *encode_outgoing(msg))
+            return [PublishResult(public_id(entry_id, fifo), duplicate=False)]
         results: list[PublishResult] = []
         for start in range(0, len(messages), _PIPELINE_CHUNK):
             chunk = messages[start : start + _PIPELINE_CHUNK]
             replies = await self._publish_chunk(queue, stream, chunk)
-            for reply in replies:
+            for msg, reply in zip(chunk, replies, strict=True):
                 if isinstance(reply, list):
                     results.append(PublishResult(reply[0].decode(), duplicate=bool(reply[1])))
                 else:
-                    results.append(PublishResult(reply.decode(), duplicate=False))
+                    results.append(
+                        PublishResult(public_id(reply, msg.fifo_group is not None), False)
+                    )
         return results
 
     async def _publish_chunk(self, queue: str, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
@@ -204,29 +214,37 @@ class RedisBackend(Backend):
 
     async def _pipeline(self, queue: str, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
         window_ms = max(1, round(self.options.dedup_window * 1000))
+        fifo_stream = Keys.fifo(stream)
         pipe = self.client.pipeline(transaction=False)
         for msg in chunk:
             fields = encode_outgoing(msg)
+            fifo = msg.fifo_group is not None
+            target = fifo_stream if fifo else stream
             if msg.dedup_id is None:
-                pipe.execute_command("XADD", stream, "*", *fields)
+                pipe.execute_command("XADD", target, "*", *fields)
             else:
                 # EVAL, not EVALSHA: a pipeline cannot recover from NOSCRIPT midway
                 dedup_key = self.keys.dedup(queue, msg.dedup_id)
                 script = self.scripts.publish_dedup.text
-                pipe.execute_command("EVAL", script, 2, stream, dedup_key, window_ms, *fields)
+                prefix = FIFO_ID_PREFIX if fifo else ""
+                pipe.execute_command(
+                    "EVAL", script, 2, target, dedup_key, window_ms, prefix, *fields
+                )
         return list(await pipe.execute())
 
     async def ensure_group(self, stream: str, group: str) -> None:
-        """``XGROUP CREATE stream group 0 MKSTREAM``; BUSYGROUP (already there) is fine."""
+        """``XGROUP CREATE <s> group 0 MKSTREAM`` on the stream and its fifo twin; BUSYGROUP
+        (already there) is fine."""
         if (stream, group) in self._groups:
             return
 
         async def create() -> None:
-            try:
-                await command(self.client, "XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
-            except rex.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+            for name in (stream, Keys.fifo(stream)):
+                try:
+                    await command(self.client, "XGROUP", "CREATE", name, group, "0", "MKSTREAM")
+                except rex.ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
 
         await self.run(create)
         self._groups.add((stream, group))

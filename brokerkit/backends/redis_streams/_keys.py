@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -16,13 +17,16 @@ from brokerkit._message import Outgoing
 from brokerkit.backends.base import Delivery
 
 __all__ = [
+    "FIFO_ID_PREFIX",
     "Keys",
     "Script",
     "command",
     "decode_entry",
-    "decode_fresh",
+    "decode_plain",
     "encode_entry",
     "encode_outgoing",
+    "public_id",
+    "read_group",
     "run_script",
 ]
 
@@ -41,15 +45,24 @@ class Keys:
         return f"{self.prefix}{{{queue}}}"
 
     def stream(self, queue: str, dead_letters: bool = False) -> str:
-        """``<prefix>{queue}:s`` the queue, ``<prefix>{queue}:d`` its DLQ."""
+        """``<prefix>{queue}:s`` the queue, ``<prefix>{queue}:d`` its DLQ: the streams of
+        messages without a fifo_group; :meth:`fifo` names the twin of those with one."""
         return self.base(queue) + (":d" if dead_letters else ":s")
+
+    @staticmethod
+    def fifo(stream: str) -> str:
+        """``…:sf`` (``…:df``): the twin stream holding the messages with a fifo_group."""
+        return stream + "f"
 
     def dedup(self, queue: str, dedup_id: str) -> str:
         return f"{self.base(queue)}:dd:{dedup_id}"
 
     @staticmethod
     def group(stream: str, group: str) -> tuple[str, str, str]:
-        """(due ZSET, bell stream, fifo list prefix) of one consumer group of ``stream``."""
+        """(due ZSET, bell stream, fifo list prefix) of one consumer group of ``stream``.
+
+        The bell of a pair is the one of its plain stream; lists live under the fifo twin.
+        """
         base = f"{stream}:g:{group}:"
         return base + "due", base + "bell", base + "f:"
 
@@ -78,15 +91,35 @@ def encode_outgoing(msg: Outgoing) -> list[bytes]:
 _NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})
 
 
-def decode_fresh(entry_id: bytes, flat: Sequence[bytes]) -> Delivery:
-    """A first delivery (count 1); the common entry (just a body) without a field loop."""
+FIFO_ID_PREFIX = "f:"
+"""Public ids of entries of a fifo twin stream start with this (the twins' ids may collide)."""
+
+
+def public_id(entry_id: bytes, fifo: bool) -> str:
+    return FIFO_ID_PREFIX + entry_id.decode() if fifo else entry_id.decode()
+
+
+def decode_plain(entry_id: bytes, flat: Any, holds_until: float = math.inf) -> Delivery:
+    """A first delivery (count 1) read by ``XREADGROUP`` from a plain stream; the common
+    entry (just a body) without a field loop. ``flat`` is the raw field list (or a dict,
+    should a client parse it)."""
     if len(flat) == 2 and flat[0] == F_BODY:
-        return Delivery(entry_id.decode(), flat[1], {}, None, None, 1, (entry_id, 1), _NO_EXTRAS)
-    return decode_entry(entry_id, flat, 1)
+        receipt = [entry_id, 1, holds_until]
+        return Delivery(entry_id.decode(), flat[1], {}, None, None, 1, receipt, _NO_EXTRAS)
+    if isinstance(flat, Mapping):
+        flat = [x for pair in flat.items() for x in pair]
+    return decode_entry(entry_id, flat, 1, holds_until)
 
 
-def decode_entry(entry_id: bytes, flat: Sequence[bytes], count: int) -> Delivery:
-    """A Delivery from an entry id, its flat field list and its PEL delivery count."""
+def decode_entry(
+    entry_id: bytes, flat: Sequence[bytes], count: int, holds_until: float = math.inf
+) -> Delivery:
+    """A Delivery from an entry id, its flat field list and its PEL delivery count.
+
+    The entry's stream is told by its fields: one with a fifo_group lives in a fifo twin.
+    The receipt is ``[entry id, count, holds_until]``: the lease token, and the loop time
+    by which the lease surely still holds (the receiver moves it on extend).
+    """
     body = b""
     fifo_group = dedup_id = None
     headers: dict[str, str] = {}
@@ -102,13 +135,13 @@ def decode_entry(entry_id: bytes, flat: Sequence[bytes], count: int) -> Delivery
             headers = json.loads(value)
     count = int(count)
     return Delivery(
-        id=entry_id.decode(),
+        id=public_id(entry_id, fifo_group is not None),
         body=body,
         headers=headers,
         fifo_group=fifo_group,
         dedup_id=dedup_id,
         attempt=count,
-        receipt=(entry_id, count),
+        receipt=[entry_id, count, holds_until],
         extras=_NO_EXTRAS,
     )
 
@@ -128,6 +161,13 @@ class Script:
 async def command(client: Redis, *args: Any) -> Any:
     """One raw Redis command (redis-py leaves ``execute_command`` untyped)."""
     return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+async def read_group(client: Redis, *args: Any) -> Any:
+    """``XREADGROUP <args>``, its reply unparsed: the command name is given as bytes, which
+    redis-py's (str-keyed) response callbacks do not match, so no dict is built per entry
+    (``decode_plain`` accepts either shape)."""
+    return await client.execute_command(b"XREADGROUP", *args)  # type: ignore[no-untyped-call]
 
 
 async def run_script(

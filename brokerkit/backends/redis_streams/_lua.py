@@ -2,16 +2,21 @@
 
 Vocabulary (see docs/backends/redis.md for the invariants in full):
 
-* ``stream`` -- the queue (or its DLQ); one Redis consumer group per brokerkit group;
-* ``due`` -- ZSET per (stream, group): entry id -> when it is up for delivery next, in
-  server milliseconds. A leased entry's score is its lease deadline; a nacked one's is
-  the end of its delay; a fifo head made ready is scored "now". Invariant: an entry is
-  in ``due`` exactly when it is in the group's PEL and may be handed out at its score;
-* ``fifo list`` -- LIST per (stream, group, fifo_group) of the group's routed, unsettled
-  entries in stream order. Only its head is ever in ``due``; the others are *parked*
-  (in the PEL, owned by the pseudo consumer ``park``, delivery count 0);
-* ``bell`` -- a one-entry stream per (stream, group); XADD to it wakes blocked readers
-  when something became due now (nack, release, a fifo head made ready).
+* a queue is a *pair* of streams: ``S`` holds the messages without a fifo_group, read by
+  the client with a plain ``XREADGROUP`` (no script: the hot path); ``F`` holds those
+  with one, read inside TAKE so that routing is atomic with the read. The DLQ is a pair too;
+* a *lease* is implicit: an entry in the group's PEL owned by a real consumer is leased
+  until its PEL delivery time + that consumer's lease, which is part of its name
+  (``.../L<ms>``). ``XCLAIM`` (a take-over, or ``JUSTID`` for extend) restarts it;
+* ``due`` -- ZSET per (stream, group) of entries owned by the pseudo consumer ``park``
+  that are up for delivery at their score (server ms): a nack's delay, a release, a fifo
+  head made ready. Invariant: an entry is in ``due`` exactly when ``park`` owns it and it
+  may be delivered at its score; a parked fifo entry (not the head) is owned by ``park``
+  with delivery count 0 and is not in ``due``;
+* ``fifo list`` -- LIST per (F, group, fifo_group) of the group's routed, unsettled
+  entries in stream order. Only its head is ever leased or in ``due``;
+* ``bell`` -- a one-entry stream per group; XADD to it wakes blocked readers when something
+  became due now (nack, release, a fifo head made ready).
 
 The lease token of a delivery is (consumer name, PEL delivery count): a settle whose
 token no longer matches the PEL answers "lost" (LeaseExpired).
@@ -31,11 +36,9 @@ end
 local function ring(bell)
   redis.call('XADD', bell, 'MAXLEN', 1, '*', 'r', '1')
 end
--- ack the entry in the group; a fifo head lets the next entry of its group become due now
-local function settle(stream, group, due, fprefix, id, fg, now)
+-- ack a leased entry of F; the next entry of its fifo_group (if any) becomes due now
+local function settle_fifo(stream, group, due, fprefix, id, fg, now)
   redis.call('XACK', stream, group, id)
-  redis.call('ZREM', due, id)
-  if fg == '' then return false end
   local key = fprefix .. fg
   if redis.call('LINDEX', key, 0) == id then
     redis.call('LPOP', key)
@@ -54,91 +57,105 @@ end
 TAKE = (
     _COMMON
     + """
--- KEYS: stream, due, bell.  ARGV: group, consumer, max, lease_ms, fifo prefix, park consumer
--- Returns {now, next due or false, group cursor or false, bell id or false, claimed, fresh}:
--- claimed = flat (id, fields, count)* of due entries taken over; fresh = the entries
--- ({id, fields}) read with XREADGROUP and handed out with count 1, in stream order.
-local stream, due, bell = KEYS[1], KEYS[2], KEYS[3]
-local group, me, max, lease = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local fprefix, park = ARGV[5], ARGV[6]
+-- KEYS: S, due of S, F, due of F, bell.
+-- ARGV: group, consumer, max, fifo prefix, park consumer, sweep ('1' | '0').
+-- Hands out up to max entries that need a script: expired leases (sweep), due entries
+-- (nack delay over, released, fifo head ready) and new entries of F (routed by fifo_group).
+-- New entries of S are not read here: the client reads them with XREADGROUP itself.
+-- Returns {now, next due or false, cursor of S, cursor of F, bell id, taken}: the cursors
+-- and the bell id only when nothing was taken (what to block on); taken = flat
+-- (kind, id, fields, count)*, kind 's' or 'f', every entry now leased to the consumer.
+local S, DS, F, DF, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local group, me, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fprefix, park, sweep = ARGV[4], ARGV[5], ARGV[6] == '1'
 local now = now_ms()
-local deadline = now + lease
-local claimed, fresh = {}, {}
-local n = 0
--- 1. due entries: a lease ran out, a nack delay passed, or a fifo head became ready.
---    XCLAIM moves ownership to us and counts a delivery (the durable attempt).
-local ids = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, max)
-for _, id in ipairs(ids) do
-  local got = redis.call('XCLAIM', stream, group, me, 0, id)
-  local e = got[1]
-  if e then
-    redis.call('ZADD', due, deadline, id)
-    local p = redis.call('XPENDING', stream, group, id, id, 1)
-    claimed[#claimed + 1] = id
-    claimed[#claimed + 1] = e[2]
-    claimed[#claimed + 1] = p[1][4]
-    n = n + 1
-  else
-    redis.call('ZREM', due, id)  -- deleted from the stream by hand; XCLAIM dropped it from the PEL
+local taken, n = {}, 0
+local function hand(kind, id, fields, count)
+  local t = #taken
+  taken[t + 1], taken[t + 2], taken[t + 3], taken[t + 4] = kind, id, fields, count
+  n = n + 1
+end
+-- 1. leases that ran out: an entry idle in a consumer's PEL for longer than that
+--    consumer's lease (its name ends in /L<ms>). XCLAIM with that min-idle re-checks it
+--    and counts a delivery; the entry is leased to us from now.
+local function reclaim(kind, stream)
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
+    if n >= max then return end
+    local name, pending
+    for i = 1, #c, 2 do
+      if c[i] == 'name' then name = c[i + 1] elseif c[i] == 'pending' then pending = c[i + 1] end
+    end
+    local lease = tonumber(string.match(name, '/L(%d+)$'))
+    if lease and pending > 0 then
+      local idle = redis.call('XPENDING', stream, group, 'IDLE', lease, '-', '+', max - n, name)
+      for _, p in ipairs(idle) do
+        local e = redis.call('XCLAIM', stream, group, me, lease, p[1])[1]
+        if e then hand(kind, e[1], e[2], tonumber(p[4]) + 1) end
+      end
+    end
   end
 end
--- 2. new entries, in stream order; a fifo entry behind a busy group is parked, not delivered.
---    Their leases go into due with one variadic ZADD per chunk (not one call per entry).
-local zargs, zn = {}, 0
-local function lease_flush()
-  if zn > 0 then
-    redis.call('ZADD', due, unpack(zargs, 1, zn))
-    zn = 0
+-- 2. due entries (owned by park): XCLAIM moves them to us and counts a delivery
+local function claim_due(kind, stream, due)
+  if n >= max then return end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, max - n)) do
+    redis.call('ZREM', due, id)
+    local e = redis.call('XCLAIM', stream, group, me, 0, id)[1]
+    if e then  -- else deleted from the stream by hand; XCLAIM dropped it from the PEL
+      local p = redis.call('XPENDING', stream, group, id, id, 1)
+      hand(kind, id, e[2], p[1][4])
+    end
   end
 end
+if sweep then
+  reclaim('s', S)
+  reclaim('f', F)
+end
+claim_due('s', S, DS)
+claim_due('f', F, DF)
+-- 3. new entries of F in stream order: the first unsettled entry of its fifo_group is
+--    delivered, one behind a busy group is parked (owned by park, count 0, not due).
 local rounds = 0
 while n < max and rounds < 4 do
   rounds = rounds + 1
-  local r = redis.call('XREADGROUP', 'GROUP', group, me, 'COUNT', max - n, 'STREAMS', stream, '>')
+  local r = redis.call('XREADGROUP', 'GROUP', group, me, 'COUNT', max - n, 'STREAMS', F, '>')
   if not r then break end
   local entries = r[1][2]
   if #entries == 0 then break end
   for _, e in ipairs(entries) do
     local id, f = e[1], e[2]
-    local deliver = true
-    -- the fifo_group field 'g' comes right after the body 'b' (scan older layouts in full)
-    local fg = nil
-    if f[1] == 'b' then
-      if f[3] == 'g' then fg = f[4] end
+    local fg = ''
+    for i = 1, #f, 2 do
+      if f[i] == 'g' then fg = f[i + 1] break end
+    end
+    if redis.call('RPUSH', fprefix .. fg, id) > 1 then
+      redis.call('XCLAIM', F, group, park, 0, id, 'RETRYCOUNT', 0, 'JUSTID')
     else
-      for i = 1, #f, 2 do
-        if f[i] == 'g' then fg = f[i + 1] break end
-      end
-    end
-    if fg and redis.call('RPUSH', fprefix .. fg, id) > 1 then
-      redis.call('XCLAIM', stream, group, park, 0, id, 'RETRYCOUNT', 0, 'JUSTID')
-      deliver = false
-    end
-    if deliver then
-      fresh[#fresh + 1] = e
-      zargs[zn + 1] = deadline
-      zargs[zn + 2] = id
-      zn = zn + 2
-      if zn >= 2000 then lease_flush() end
-      n = n + 1
+      hand('f', id, f, 1)
     end
   end
 end
-lease_flush()
-local out = {now, false, false, false, claimed, fresh}
--- 3. nothing to hand out: tell the caller what to block on and for how long
+local out = {now, false, false, false, false, taken}
+-- 4. nothing to hand out: tell the caller what to block on and for how long
 if n == 0 then
-  local first = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
-  if first[2] then out[2] = first[2] end
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    if g[2] == group then
-      for i = 1, #g, 2 do
-        if g[i] == 'last-delivered-id' then out[3] = g[i + 1] end
+  local a = redis.call('ZRANGE', DS, 0, 0, 'WITHSCORES')[2]
+  local b = redis.call('ZRANGE', DF, 0, 0, 'WITHSCORES')[2]
+  if a and b then
+    out[2] = math.min(tonumber(a), tonumber(b))
+  else
+    out[2] = a or b or false
+  end
+  for k, stream in ipairs({S, F}) do
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      if g[2] == group then
+        for i = 1, #g, 2 do
+          if g[i] == 'last-delivered-id' then out[2 + k] = g[i + 1] end
+        end
       end
     end
   end
-  local b = redis.call('XREVRANGE', bell, '+', '-', 'COUNT', 1)
-  if b[1] then out[4] = b[1][1] end
+  local last = redis.call('XREVRANGE', bell, '+', '-', 'COUNT', 1)
+  if last[1] then out[5] = last[1][1] end
 end
 return out
 """
@@ -147,55 +164,57 @@ return out
 ACK = (
     _COMMON
     + """
--- KEYS: stream, due, bell.  ARGV: group, consumer, fifo prefix, then ONE packed argument of
--- lines "<id> <count> <fifo_group or nothing>" + newline (far cheaper to send than 3 per ack).
--- Returns the ids whose lease was lost (not acked).
--- The leases of the whole batch are checked with one XPENDING over this consumer's oldest
--- pending entries (acks come mostly in delivery order, so those are the ones being acked);
--- an id not in that answer (it was cut short) is checked alone. Then one XACK and one ZREM
--- per chunk of held ids without a fifo_group; fifo ones settle one by one (heads move).
-local stream, due, bell = KEYS[1], KEYS[2], KEYS[3]
+-- KEYS: S, F, due of F, bell.  ARGV: group, consumer, fifo prefix, then ONE packed
+-- argument of lines "<id> <count> <fifo_group or nothing>" + newline (far cheaper to send
+-- than 3 arguments per ack). Returns the ids whose lease was lost (not acked).
+-- The leases of S entries are checked with one XPENDING over this consumer's oldest pending
+-- entries of S (acks come mostly in delivery order, so those are the ones being acked); an
+-- id not in that answer (it was cut short) is checked alone. Then one XACK per chunk.
+-- Entries of F settle one by one (their fifo_group's next entry becomes due).
+local S, F, DF, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, me, fprefix = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local lost, wake = {}, false
-local bid, bcount, bfg, nb = {}, {}, {}, 0
+local bid, bcount, bfg, nb, ns = {}, {}, {}, 0, 0
 for id, count, fg in string.gmatch(ARGV[4], '(%S+) (%d+) ([^\\n]*)\\n') do
   nb = nb + 1
   bid[nb], bcount[nb], bfg[nb] = id, count, fg
+  if fg == '' then ns = ns + 1 end
 end
-local want = nb + 64
-local mine = {}
-local pel = redis.call('XPENDING', stream, group, '-', '+', want, me)
-for _, p in ipairs(pel) do mine[p[1]] = p[4] end
-local complete = #pel < want
+local mine, complete = {}, true
+if ns > 0 then
+  local want = ns + 64
+  local pel = redis.call('XPENDING', S, group, '-', '+', want, me)
+  for _, p in ipairs(pel) do mine[p[1]] = p[4] end
+  complete = #pel < want
+end
 local plain, pn = {}, 0
 local function flush_plain()
   if pn > 0 then
-    redis.call('XACK', stream, group, unpack(plain, 1, pn))
-    redis.call('ZREM', due, unpack(plain, 1, pn))
+    redis.call('XACK', S, group, unpack(plain, 1, pn))
     pn = 0
   end
 end
 for i = 1, nb do
   local id, count, fg = bid[i], bcount[i], bfg[i]
-  local have = mine[id]
-  local ok
-  if have then
-    ok = have == tonumber(count)
-  elseif complete then
-    ok = false
+  if fg == '' then
+    local have, ok = mine[id], false
+    if have then
+      ok = have == tonumber(count)
+    elseif not complete then
+      ok = holds(S, group, me, id, count)
+    end
+    if ok then
+      pn = pn + 1
+      plain[pn] = id
+      if pn >= 1000 then flush_plain() end
+    else
+      lost[#lost + 1] = id
+    end
+  elseif holds(F, group, me, id, count) then
+    if settle_fifo(F, group, DF, fprefix, id, fg, now) then wake = true end
   else
-    ok = holds(stream, group, me, id, count)
-  end
-  if not ok then
     lost[#lost + 1] = id
-  elseif fg == '' then
-    pn = pn + 1
-    plain[pn] = id
-    if pn >= 1000 then flush_plain() end
-  else
-    flush_plain()  -- keep settle order
-    if settle(stream, group, due, fprefix, id, fg, now) then wake = true end
   end
 end
 flush_plain()
@@ -207,16 +226,18 @@ return lost
 NACK = (
     _COMMON
     + """
--- KEYS: stream, due, bell.  ARGV: group, consumer, park consumer, delay_ms, uncount ('1'|'0'),
--- then (id, count)*.  The entry goes to the park consumer (so the old token dies) and is due
--- after the delay; a fifo head stays the head, so its group stays held.  uncount gives the
--- delivery back without counting it (release of never-seen deliveries).
-local stream, due, bell = KEYS[1], KEYS[2], KEYS[3]
+-- KEYS: S, due of S, F, due of F, bell.  ARGV: group, consumer, park consumer, delay_ms,
+-- uncount ('1'|'0'), then (id, count, kind 's'|'f')*.  The entry goes to park (so the old
+-- token dies) and is due after the delay; a fifo head stays its group's head, so the group
+-- stays held.  uncount gives the delivery back without counting it (release of deliveries
+-- never shown to the caller).
 local group, me, park, delay, uncount = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local lost = {}
-for i = 6, #ARGV, 2 do
-  local id, count = ARGV[i], tonumber(ARGV[i + 1])
+for i = 6, #ARGV, 3 do
+  local id, count, kind = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local stream, due = KEYS[1], KEYS[2]
+  if kind == 'f' then stream, due = KEYS[3], KEYS[4] end
   if holds(stream, group, me, id, count) then
     if uncount == '1' then
       local back = math.max(count - 1, 0)
@@ -229,7 +250,7 @@ for i = 6, #ARGV, 2 do
     lost[#lost + 1] = id
   end
 end
-ring(bell)
+redis.call('XADD', KEYS[5], 'MAXLEN', 1, '*', 'r', '1')
 return lost
 """
 )
@@ -237,13 +258,18 @@ return lost
 DEAD = (
     _COMMON
     + """
--- KEYS: stream, due, bell, dlq stream.  ARGV: group, consumer, fifo prefix, id, count,
--- fifo_group or '', then the DLQ entry's fields.  Copy to the DLQ and ack in one step.
+-- KEYS: stream (S or F), due of F, bell, DLQ stream (the DLQ's S or F).  ARGV: group,
+-- consumer, fifo prefix, id, count, fifo_group or '', then the DLQ entry's fields.
+-- Copy to the DLQ and ack in one step.
 local stream, due, bell, dlq = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, me, fprefix, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if not holds(stream, group, me, id, ARGV[5]) then return 0 end
 redis.call('XADD', dlq, '*', unpack(ARGV, 7))
-if settle(stream, group, due, fprefix, id, ARGV[6], now_ms()) then ring(bell) end
+if ARGV[6] == '' then
+  redis.call('XACK', stream, group, id)
+elseif settle_fifo(stream, group, due, fprefix, id, ARGV[6], now_ms()) then
+  ring(bell)
+end
 return 1
 """
 )
@@ -251,19 +277,22 @@ return 1
 EXTEND = (
     _COMMON
     + """
--- KEYS: stream, due.  ARGV: group, consumer, id, count, lease_ms.
+-- KEYS: stream (S or F).  ARGV: group, consumer, id, count.
+-- XCLAIM to ourselves with JUSTID restarts the PEL delivery time (the implicit lease)
+-- without counting a delivery.
 if not holds(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
-redis.call('ZADD', KEYS[2], now_ms() + tonumber(ARGV[5]), ARGV[3])
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
 return 1
 """
 )
 
 PUBLISH_DEDUP = """
--- KEYS: stream, dedup key.  ARGV: window_ms, then the entry's fields.
--- Returns {id, 1} for a duplicate (the original id), {id, 0} for a new entry.
+-- KEYS: stream (S or F), dedup key.  ARGV: window_ms, id prefix ('' for S, 'f:' for F),
+-- then the entry's fields.  Returns {id, 1} for a duplicate (the original's id), {id, 0}
+-- for a new entry; ids are the public ones (prefixed).
 local old = redis.call('GET', KEYS[2])
 if old then return {old, 1} end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+local id = ARGV[2] .. redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
 redis.call('SET', KEYS[2], id, 'PX', ARGV[1])
 return {id, 0}
 """

@@ -8,14 +8,21 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis import exceptions as rex
 
 from brokerkit._errors import BrokerkitError, LeaseExpired
 from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
-from brokerkit.backends.redis_streams._keys import decode_entry, decode_fresh, encode_entry
+from brokerkit.backends.redis_streams._keys import (
+    Keys,
+    decode_entry,
+    decode_plain,
+    encode_entry,
+    read_group,
+)
 
 if TYPE_CHECKING:
     from brokerkit.backends.redis_streams._backend import RedisBackend
@@ -27,10 +34,23 @@ log = logging.getLogger("brokerkit.redis")
 PARK = "~park"
 """Pseudo consumer owning entries nobody holds: parked fifo entries, nacked ones."""
 _ACK_BATCH = 512
+_monotonic = time.monotonic  # the event loop's clock
+_SWEEP_INTERVAL = 0.1
+"""Longest pause between two looks for expired leases while a receiver keeps reading."""
 
 
-def _consumer_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+def _decode_taken(flat: Sequence[Any], holds_until: float) -> list[Delivery]:
+    """TAKE's flat (kind, id, fields, count)* (the kind is implied by the fields)."""
+    return [
+        decode_entry(flat[i + 1], flat[i + 2], flat[i + 3], holds_until)
+        for i in range(0, len(flat), 4)
+    ]
+
+
+def _consumer_name(lease_ms: int) -> str:
+    """Unique per receiver; ends in ``/L<lease ms>``, which is how other consumers of the
+    group know when an entry this one holds has run out (see ``_lua.TAKE``)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}/L{lease_ms}"
 
 
 def _lost(delivery: Delivery) -> LeaseExpired:
@@ -38,12 +58,13 @@ def _lost(delivery: Delivery) -> LeaseExpired:
 
 
 class RedisReceiver(Receiver):
-    """One consumer (a unique Redis consumer name) of ``group`` on ``stream``.
+    """One consumer (a unique Redis consumer name) of ``group`` on a stream pair.
 
-    receive -> script TAKE (``XCLAIM`` due + ``XREADGROUP >``), then ``XREAD BLOCK`` on the
-    stream and the group's bell; ack -> script ACK (coalesced up to
-    ``ack_flush_interval`` for messages without a fifo_group); nack / release -> script
-    NACK; dead_letter -> script DEAD; extend -> script EXTEND.
+    receive -> ``XREADGROUP >`` on the plain stream (no script) and script TAKE (expired
+    leases, due entries, the fifo twin's new entries routed by fifo_group), alternating
+    which goes first; then ``XREAD BLOCK`` on both streams and the group's bell; ack ->
+    script ACK (coalesced up to ``ack_flush_interval`` for messages without a fifo_group);
+    nack / release -> script NACK; dead_letter -> script DEAD; extend -> script EXTEND.
     """
 
     def __init__(
@@ -56,21 +77,22 @@ class RedisReceiver(Receiver):
     ) -> None:
         self._backend = backend
         self._stream = stream
+        self._fstream = Keys.fifo(stream)
         self._dlq = dlq
         self._group = group
-        self._me = _consumer_name()
-        self._due, self._bell, self._fprefix = backend.keys.group(stream, group)
         self._lease_ms = max(1, math.ceil(settings.ack_timeout * 1000))
+        self._me = _consumer_name(self._lease_ms)
+        self._due, self._bell, _ = Keys.group(stream, group)
+        self._fdue, _, self._fprefix = Keys.group(self._fstream, group)
         options = backend.options
         self._flush_interval = options.ack_flush_interval
         self._poll = options.poll_interval
+        self._sweep_interval = min(_SWEEP_INTERVAL, options.poll_interval)
         self._trim_interval = options.trim_interval
         self._next_trim = 0.0
+        self._next_sweep = 0.0
+        self._plain_first = False
         self._acks: list[Delivery] = []
-        # id(delivery) -> loop time by which its lease surely still holds: taken *before*
-        # the TAKE/EXTEND call, so never later than the server's due time. A coalesced ack
-        # cannot learn of a lost lease in time; this lets ack() refuse a late one at once.
-        self._deadline: dict[int, float] = {}
         self._ack_ready = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
@@ -82,63 +104,97 @@ class RedisReceiver(Receiver):
     # -- receiving ---------------------------------------------------------------------------
 
     async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
-        """Lease up to ``max_messages``; block at most ``wait`` s (in slices of poll_interval)."""
-        backend = self._backend
+        """Lease up to ``max_messages``; block at most ``wait`` s (in slices of poll_interval).
+
+        The plain stream's new entries and TAKE's (expired, due, fifo) take turns going
+        first, so neither can starve the other.
+        """
         loop = asyncio.get_running_loop()
         end = loop.time() + wait
-        keys = (self._stream, self._due, self._bell)
-        args = (self._group, self._me, max(1, max_messages), self._lease_ms, self._fprefix, PARK)
+        want = max(1, max_messages)
         while True:
-            await self._maybe_trim(loop.time())
-            holds_until = loop.time() + self._lease_ms / 1000
-            reply = await self._take(keys, args)
-            claimed, fresh = reply[4], reply[5]
-            if claimed or fresh:
-                out = [
-                    decode_entry(claimed[i], claimed[i + 1], claimed[i + 2])
-                    for i in range(0, len(claimed) - 2, 3)
-                ]
-                out += [decode_fresh(entry_id, flat) for entry_id, flat in fresh]
-                deadline = self._deadline
-                for delivery in out:
-                    deadline[id(delivery)] = holds_until
+            now = loop.time()
+            await self._maybe_trim(now)
+            holds_until = now + self._lease_ms / 1000
+            plain_first = self._plain_first = not self._plain_first
+            # holds_until (in each receipt) is taken *before* the calls, so never later than
+            # the server's deadline: ack() refuses a late coalesced ack with it at once.
+            out = await self._read_plain(want, holds_until) if plain_first else []
+            reply: list[Any] | None = None
+            if len(out) < want:
+                reply = await self._take(want - len(out))
+                out += _decode_taken(reply[5], holds_until)
+                if not plain_first and len(out) < want:
+                    out += await self._read_plain(want - len(out), holds_until)
+            if out:
                 return out
+            assert reply is not None
             remaining = end - loop.time()
             if remaining <= 0:
                 return []
-            block = min(remaining, self._poll)
-            now_ms, next_due = int(reply[0]), reply[1]
-            if next_due is not None:
-                block = min(block, max(float(next_due) - now_ms, 1.0) / 1000)
-            cursor = reply[2] or b"0-0"
-            bell = reply[3] or b"0-0"
-            block_ms = max(1, int(block * 1000))
-            await backend.command(
-                "XREAD",
-                "COUNT",
-                1,
-                "BLOCK",
-                block_ms,
-                "STREAMS",
-                self._stream,
-                self._bell,
-                cursor,
-                bell,
-                patient=True,
-            )
+            await self._block(reply, min(remaining, self._poll))
 
-    async def _take(self, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
+    async def _read_plain(self, count: int, holds_until: float) -> list[Delivery]:
+        """``XREADGROUP GROUP g me COUNT n STREAMS <stream> >``: new plain entries, leased
+        implicitly (PEL delivery time + our lease) by the read itself."""
+        args = ("GROUP", self._group, self._me, "COUNT", count, "STREAMS", self._stream, ">")
+        client, run = self._backend.client, self._backend.run
+        reply = await self._nogroup_safe(
+            lambda: run(lambda: read_group(client, *args), patient=True)
+        )
+        if not reply:
+            return []
+        # RESP3 answers {stream: entries}, RESP2 [[stream, entries]]
+        entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+        return [decode_plain(entry_id, fields, holds_until) for entry_id, fields in entries]
+
+    async def _take(self, count: int) -> list[Any]:
         backend = self._backend
+        now = asyncio.get_running_loop().time()
+        sweep = now >= self._next_sweep
+        if sweep:
+            self._next_sweep = now + self._sweep_interval
+        keys = (self._stream, self._due, self._fstream, self._fdue, self._bell)
+        args = (self._group, self._me, count, self._fprefix, PARK, int(sweep))
+        return list(
+            await self._nogroup_safe(
+                lambda: backend.script(backend.scripts.take, keys, args, patient=True)
+            )
+        )
+
+    async def _nogroup_safe(self, call: Callable[[], Awaitable[Any]]) -> Any:
         try:
-            return list(await backend.script(backend.scripts.take, keys, args, patient=True))
+            return await call()
         except BrokerkitError as exc:
             cause = exc.__cause__
             if not (isinstance(cause, rex.ResponseError) and "NOGROUP" in str(cause)):
                 raise
         # the stream or group was deleted behind our back (FLUSHDB, DEL): recreate, retry once
+        backend = self._backend
         backend.forget_group(self._stream, self._group)
         await backend.ensure_group(self._stream, self._group)
-        return list(await backend.script(backend.scripts.take, keys, args, patient=True))
+        return await call()
+
+    async def _block(self, reply: Sequence[Any], block: float) -> None:
+        """``XREAD BLOCK`` on both streams (from the group's cursors) and the bell, for at
+        most ``block`` s or until the next due time TAKE reported."""
+        now_ms, next_due = int(reply[0]), reply[1]
+        if next_due is not None:
+            block = min(block, max(float(next_due) - now_ms, 1.0) / 1000)
+        cursors = [c or b"0-0" for c in reply[2:5]]
+        await self._backend.command(
+            "XREAD",
+            "COUNT",
+            1,
+            "BLOCK",
+            max(1, int(block * 1000)),
+            "STREAMS",
+            self._stream,
+            self._fstream,
+            self._bell,
+            *cursors,
+            patient=True,
+        )
 
     async def _maybe_trim(self, now: float) -> None:
         """Every ``trim_interval``: XTRIM MINID below what every consumer group still needs."""
@@ -146,7 +202,8 @@ class RedisReceiver(Receiver):
             return
         self._next_trim = now + self._trim_interval
         backend = self._backend
-        await backend.script(backend.scripts.trim, (self._stream,), (), patient=True)
+        for stream in (self._stream, self._fstream):
+            await backend.script(backend.scripts.trim, (stream,), (), patient=True)
 
     # -- settling ----------------------------------------------------------------------------
 
@@ -156,8 +213,7 @@ class RedisReceiver(Receiver):
         Only while the lease surely holds for the whole flush interval: a late ack raises
         LeaseExpired at once, and one close to the deadline is sent synchronously.
         """
-        holds_until = self._deadline.pop(id(delivery), math.inf)
-        left = holds_until - asyncio.get_running_loop().time()
+        left = delivery.receipt[2] - _monotonic()
         if left <= 0:
             raise _lost(delivery)
         if (
@@ -166,8 +222,10 @@ class RedisReceiver(Receiver):
             and left > 2 * self._flush_interval + 0.05
             and not self._closed
         ):
-            self._acks.append(delivery)
-            self._ack_ready.set()
+            acks = self._acks
+            if not acks:  # the flush loop takes every ack queued while it is awake
+                self._ack_ready.set()
+            acks.append(delivery)
             if self._flusher is None:
                 self._flusher = asyncio.ensure_future(self._flush_loop())
             if len(self._acks) >= 8 * _ACK_BATCH:
@@ -178,14 +236,14 @@ class RedisReceiver(Receiver):
 
     async def _ack_now(self, deliveries: Sequence[Delivery], *, patient: bool = False) -> list[Any]:
         packed = b"".join(
-            b"%s %d %s\n" % (*d.receipt, d.fifo_group.encode() if d.fifo_group else b"")
+            b"%s %d %s\n"
+            % (d.receipt[0], d.receipt[1], d.fifo_group.encode() if d.fifo_group else b"")
             for d in deliveries
         )
         args = (self._group, self._me, self._fprefix, packed)
+        keys = (self._stream, self._fstream, self._fdue, self._bell)
         backend = self._backend
-        lost = await backend.script(
-            backend.scripts.ack, (self._stream, self._due, self._bell), args, patient=patient
-        )
+        lost = await backend.script(backend.scripts.ack, keys, args, patient=patient)
         return list(lost)
 
     async def _flush_loop(self) -> None:
@@ -216,14 +274,11 @@ class RedisReceiver(Receiver):
 
     async def nack(self, delivery: Delivery, delay: float) -> None:
         """Script NACK: due again ``delay`` s from now (server clock); a fifo head stays held."""
-        self._deadline.pop(id(delivery), None)
         if await self._nack([delivery], delay, uncount=False):
             raise _lost(delivery)
 
     async def release(self, deliveries: Sequence[Delivery]) -> None:
         """Script NACK with delay 0, giving back the delivery count (not an attempt)."""
-        for delivery in deliveries:
-            self._deadline.pop(id(delivery), None)
         if deliveries:
             await self._nack(deliveries, 0.0, uncount=True)
 
@@ -232,15 +287,14 @@ class RedisReceiver(Receiver):
     ) -> list[Any]:
         args: list[Any] = [self._group, self._me, PARK, math.ceil(delay * 1000), int(uncount)]
         for d in deliveries:
-            args += d.receipt
+            args += (d.receipt[0], d.receipt[1], b"s" if d.fifo_group is None else b"f")
         backend = self._backend
-        keys = (self._stream, self._due, self._bell)
+        keys = (self._stream, self._due, self._fstream, self._fdue, self._bell)
         return list(await backend.script(backend.scripts.nack, keys, args))
 
     async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
         """Script DEAD: ``XADD`` the copy to the DLQ stream and ``XACK`` the original, at once."""
-        self._deadline.pop(id(delivery), None)
-        entry_id, count = delivery.receipt
+        entry_id, count, _ = delivery.receipt
         fields = encode_entry(
             delivery.body, delivery.fifo_group, None, {**delivery.headers, **envelope}
         )
@@ -254,21 +308,24 @@ class RedisReceiver(Receiver):
             *fields,
         ]
         backend = self._backend
-        keys = (self._stream, self._due, self._bell, self._dlq)
+        fifo = delivery.fifo_group is not None
+        dlq = Keys.fifo(self._dlq) if fifo else self._dlq
+        keys = (self._fstream if fifo else self._stream, self._fdue, self._bell, dlq)
         if not await backend.script(backend.scripts.dead, keys, args):
             raise _lost(delivery)
 
     async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
-        """Script EXTEND: the lease deadline in ``due`` moves to now + ``ack_timeout``."""
-        entry_id, count = delivery.receipt
-        lease_ms = max(1, math.ceil(ack_timeout * 1000))
-        args = (self._group, self._me, entry_id, count, lease_ms)
+        """Script EXTEND: ``XCLAIM … JUSTID`` to ourselves restarts the lease, which lasts
+        this receiver's ``ack_timeout`` (the one in its consumer name; the facade always
+        passes that same value)."""
+        entry_id, count, _ = delivery.receipt
+        args = (self._group, self._me, entry_id, count)
         backend = self._backend
-        holds_until = asyncio.get_running_loop().time() + lease_ms / 1000
-        if not await backend.script(backend.scripts.extend, (self._stream, self._due), args):
+        holds_until = _monotonic() + self._lease_ms / 1000
+        stream = self._stream if delivery.fifo_group is None else self._fstream
+        if not await backend.script(backend.scripts.extend, (stream,), args):
             raise _lost(delivery)
-        if id(delivery) in self._deadline:
-            self._deadline[id(delivery)] = holds_until
+        delivery.receipt[2] = holds_until
 
     async def aclose(self) -> None:
         """Flush coalesced acks, then drop the consumer name if it holds nothing. Idempotent."""
@@ -286,8 +343,9 @@ class RedisReceiver(Receiver):
             log.warning("brokerkit: %d acks not recorded at close: %s", len(self._acks), exc)
         backend = self._backend
         try:
-            await backend.script(
-                backend.scripts.forget_consumer, (self._stream,), (self._group, self._me)
-            )
+            for stream in (self._stream, self._fstream):
+                await backend.script(
+                    backend.scripts.forget_consumer, (stream,), (self._group, self._me)
+                )
         except BrokerkitError:
             pass

@@ -135,13 +135,16 @@ class _Part:
     """No unsettled record below this offset (walks up as records settle)."""
     top: int = -1
     """Highest offset whose state the metadata must carry (handed out, restored, skipped)."""
+    span: int = 0
+    """Offsets held above the commit point at the last backlog update (flow control)."""
+    key: Key = ("", -1)
+    extras: dict[str, Any] = field(default_factory=dict)
+    """The delivery extras every record of this partition shares (offset, timestamp added)."""
 
     def __post_init__(self) -> None:
         self.low = self.commit_from
-
-    @property
-    def key(self) -> Key:
-        return (self.topic, self.partition)
+        self.key = (self.topic, self.partition)
+        self.extras = {"topic": self.topic, "partition": self.partition}
 
     def commit_point(self) -> int:
         """The lowest unsettled offset (amortised O(1): ``low`` only moves up)."""
@@ -552,7 +555,7 @@ class KafkaReceiver(Receiver):
             self._wake.set()
 
     def _update_backlog(self, part: _Part) -> None:
-        span = max(0, part.next_offset - part.commit_point())
+        part.span = span = max(0, part.next_offset - part.commit_point())
         self._backlog[part.key] = (span, part.held_bytes)
 
     def _push(self, rec: _Record, due: float) -> None:
@@ -651,7 +654,7 @@ class KafkaReceiver(Receiver):
             if delivered:
                 if len(delivered) == max_messages:
                     self._stage_next(max_messages)
-                return [self._delivery(rec) for rec in delivered]
+                return self._deliveries(delivered)
             if time.monotonic() >= end:
                 return []
             self._wake.clear()
@@ -751,23 +754,29 @@ class KafkaReceiver(Receiver):
             await asyncio.sleep(0.1)
         return delivered
 
-    def _delivery(self, rec: _Record) -> Delivery:
-        part = rec.part
-        return Delivery(
-            id=f"{part.partition}-{rec.offset}",
-            body=rec.body,
-            headers=dict(rec.headers) if rec.headers else {},
-            fifo_group=rec.fifo_group,
-            dedup_id=rec.dedup_id,
-            attempt=rec.count,
-            receipt=rec.token,
-            extras={
-                "topic": part.topic,
-                "partition": part.partition,
-                "offset": rec.offset,
-                "timestamp_ms": rec.timestamp,
-            },
-        )
+    def _deliveries(self, recs: list[_Record]) -> list[Delivery]:
+        """One ``Delivery`` per record (positional: this runs once per message)."""
+        out: list[Delivery] = []
+        append = out.append
+        for rec in recs:
+            part = rec.part
+            offset = rec.offset
+            extras = part.extras.copy()
+            extras["offset"] = offset
+            extras["timestamp_ms"] = rec.timestamp
+            append(
+                Delivery(
+                    f"{part.partition}-{offset}",
+                    rec.body,
+                    dict(rec.headers) if rec.headers else {},
+                    rec.fifo_group,
+                    rec.dedup_id,
+                    rec.count,
+                    rec.token,
+                    extras,
+                )
+            )
+        return out
 
     def _held(self, delivery: Delivery) -> _Record:
         rec = self._leased.get(delivery.receipt)
@@ -779,28 +788,38 @@ class KafkaReceiver(Receiver):
 
     def _settle(self, rec: _Record) -> None:
         part = rec.part
+        records = part.records
         del self._leased[rec.token]
         rec.token = 0
         part.leased -= 1
-        del part.records[rec.offset]
+        del records[rec.offset]
         part.held_bytes -= len(rec.body)
         if rec.fifo_group is not None:
             nxt = part.gate.done(rec.fifo_group)
             if nxt is not None:
-                self._push(part.records[nxt], part.records[nxt].due)
+                self._push(records[nxt], records[nxt].due)
+        if part.low not in records:  # the commit point may have moved up
+            self._commit_moved(part)
+        part.dirty = True
+        if self._flush_handle is None:
+            self._schedule_flush()
+        self._wake.set()
+
+    def _commit_moved(self, part: _Part) -> None:
+        """Bring parked records into the window; tell the thread when it may resume fetching."""
+        commit = part.commit_point()
         parked = part.parked
         if parked:
-            limit = part.commit_point() + WINDOW
+            limit = commit + WINDOW
+            records = part.records
             while parked and parked[0][0] < limit:
                 other = heapq.heappop(parked)[2]
-                if part.records.get(other.offset) is other:
+                if records.get(other.offset) is other:
                     self._push(other, other.due)
-        if self._backlog.get(part.key, (0, 0))[0] >= RESUME_SPAN:
+        if part.span >= RESUME_SPAN and part.next_offset - commit < RESUME_SPAN:
             # fetching may be paused: tell the thread as soon as it may resume
             self._update_backlog(part)
-            if self._backlog[part.key][0] < RESUME_SPAN:
-                self._kick.set()
-        self._mark_dirty(part)
+            self._kick.set()
 
     def _mark_dirty(self, part: _Part) -> None:
         part.dirty = True

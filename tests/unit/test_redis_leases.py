@@ -128,7 +128,7 @@ async def test_ack_of_entries_beyond_the_batched_check_is_checked_alone(
     got = await take(r, 400)
     newest = got[-5:]
     stale = Delivery(
-        newest[0].id, b"", {}, None, None, 7, [newest[0].receipt[0], 7, math.inf]
+        newest[0].id, b"", {}, None, None, 7, (newest[0].receipt[0], 7, math.inf)
     )  # same entry, wrong delivery count
     assert await r._ack_now([stale]) == [stale.receipt[0]]
     assert await r._ack_now(newest) == []

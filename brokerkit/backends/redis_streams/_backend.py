@@ -42,6 +42,7 @@ class Scripts:
     def __init__(self) -> None:
         self.take = Script.of(_lua.TAKE)
         self.ack = Script.of(_lua.ACK)
+        self.ack_bare = Script.of(_lua.ACK_BARE)
         self.nack = Script.of(_lua.NACK)
         self.dead = Script.of(_lua.DEAD)
         self.extend = Script.of(_lua.EXTEND)

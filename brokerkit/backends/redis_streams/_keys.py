@@ -104,7 +104,7 @@ def decode_plain(entry_id: bytes, flat: Any, holds_until: float = math.inf) -> D
     entry (just a body) without a field loop. ``flat`` is the raw field list (or a dict,
     should a client parse it)."""
     if len(flat) == 2 and flat[0] == F_BODY:
-        receipt = [entry_id, 1, holds_until]
+        receipt = (entry_id, 1, holds_until)
         return Delivery(entry_id.decode(), flat[1], {}, None, None, 1, receipt, _NO_EXTRAS)
     if isinstance(flat, Mapping):
         flat = [x for pair in flat.items() for x in pair]
@@ -117,8 +117,9 @@ def decode_entry(
     """A Delivery from an entry id, its flat field list and its PEL delivery count.
 
     The entry's stream is told by its fields: one with a fifo_group lives in a fifo twin.
-    The receipt is ``[entry id, count, holds_until]``: the lease token, and the loop time
-    by which the lease surely still holds (the receiver moves it on extend).
+    The receipt is ``(entry id, count, holds_until)``: the lease token, and the loop time
+    by which the lease surely still holds (the receiver replaces it on extend). A tuple of
+    atoms, which the cyclic GC stops tracking.
     """
     body = b""
     fifo_group = dedup_id = None
@@ -141,7 +142,7 @@ def decode_entry(
         fifo_group=fifo_group,
         dedup_id=dedup_id,
         attempt=count,
-        receipt=[entry_id, count, holds_until],
+        receipt=(entry_id, count, holds_until),
         extras=_NO_EXTRAS,
     )
 

@@ -223,6 +223,19 @@ return lost
 """
 )
 
+ACK_BARE = """
+-- KEYS: stream.  ARGV: group, the ids separated by spaces.  XACK them, with no lease check
+-- (the receiver sends only batches whose leases surely hold, see _flush_batch). One packed
+-- argument: redis-py packs each command argument in Python, ~0.7 us apiece.
+local ids, n = {}, 0
+for id in string.gmatch(ARGV[2], '%S+') do
+  n = n + 1
+  ids[n] = id
+end
+if n == 0 then return 0 end
+return redis.call('XACK', KEYS[1], ARGV[1], unpack(ids, 1, n))
+"""
+
 NACK = (
     _COMMON
     + """

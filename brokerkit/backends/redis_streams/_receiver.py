@@ -35,6 +35,8 @@ PARK = "~park"
 """Pseudo consumer owning entries nobody holds: parked fifo entries, nacked ones."""
 _ACK_BATCH = 512
 _monotonic = time.monotonic  # the event loop's clock
+_BARE_ACK_MARGIN = 1.0
+"""Seconds every lease of a coalesced batch must still hold for it to go as a bare XACK."""
 _SWEEP_INTERVAL = 0.1
 """Longest pause between two looks for expired leases while a receiver keeps reading."""
 
@@ -208,7 +210,8 @@ class RedisReceiver(Receiver):
     # -- settling ----------------------------------------------------------------------------
 
     async def ack(self, delivery: Delivery) -> None:
-        """Script ACK. Without a fifo_group it is coalesced for up to ``ack_flush_interval``.
+        """Script ACK. Without a fifo_group it is coalesced for up to ``ack_flush_interval``
+        (and then sent as a bare ``XACK`` when its lease has time left, see _flush_batch).
 
         Only while the lease surely holds for the whole flush interval: a late ack raises
         LeaseExpired at once, and one close to the deadline is sent synchronously.
@@ -266,11 +269,26 @@ class RedisReceiver(Receiver):
                 batch = self._acks[:_ACK_BATCH]
                 del self._acks[:_ACK_BATCH]
                 try:
-                    # lost leases: someone else holds them now
-                    await self._ack_now(batch, patient=True)
+                    await self._flush_batch(batch)
                 except BaseException:
                     self._acks[:0] = batch
                     raise
+
+    async def _flush_batch(self, batch: Sequence[Delivery]) -> None:
+        """Record coalesced acks (all without a fifo_group).
+
+        While every lease of the batch holds for ``_BARE_ACK_MARGIN`` more: a bare ``XACK``
+        (script ACK_BARE). A lease can only be lost to a take-over after its deadline, which
+        the command beats unless it stalls that long on its way. Otherwise script ACK, which
+        checks each lease token (a lost one is not acked: someone else holds it now).
+        """
+        if min(d.receipt[2] for d in batch) - _monotonic() > _BARE_ACK_MARGIN:
+            ids = b" ".join([d.receipt[0] for d in batch])
+            backend = self._backend
+            script = backend.scripts.ack_bare
+            await backend.script(script, (self._stream,), (self._group, ids), patient=True)
+        else:
+            await self._ack_now(batch, patient=True)
 
     async def nack(self, delivery: Delivery, delay: float) -> None:
         """Script NACK: due again ``delay`` s from now (server clock); a fifo head stays held."""
@@ -325,7 +343,7 @@ class RedisReceiver(Receiver):
         stream = self._stream if delivery.fifo_group is None else self._fstream
         if not await backend.script(backend.scripts.extend, (stream,), args):
             raise _lost(delivery)
-        delivery.receipt[2] = holds_until
+        delivery.receipt = (entry_id, count, holds_until)
 
     async def aclose(self) -> None:
         """Flush coalesced acks, then drop the consumer name if it holds nothing. Idempotent."""

@@ -31,6 +31,10 @@ _now = time.monotonic
 # How long one receive call may wait before the iterator checks for close.
 _POLL_WAIT = 1.0
 
+# While a fetch is in flight, the iterator yields to the event loop once per this many
+# messages handed out, so the fetch progresses even under a caller that never waits.
+_YIELD_EVERY = 32
+
 _UNSETTLED, _SETTLING, _SETTLED, _LOST = "unsettled", "settling", "settled", "lost"
 
 
@@ -242,6 +246,7 @@ class Consumer:
         self._buffer: deque[tuple[float, list[Delivery]]] = deque()
         self._buffered = 0
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
+        self._since_yield = 0
         self._held: dict[int, Message] = {}
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
         self._fetch: asyncio.Task[list[Delivery]] | None = None
@@ -287,9 +292,17 @@ class Consumer:
         if self._receiver is None:
             await self.open()
         while True:
-            batch = self._batch
-            while self._batch_pos < len(batch):
-                delivery = batch[self._batch_pos]
+            # state is re-read after every await: close (or another iterating task) may
+            # have moved it meanwhile
+            if self._batch_pos < len(self._batch):
+                if self._fetch is not None and self._since_yield >= _YIELD_EVERY:
+                    # A caller that never waits (every ack coalesced, a CPU-bound handler)
+                    # would starve the read-ahead fetch: let the loop move it along.
+                    self._since_yield = 0
+                    await asyncio.sleep(0)
+                    continue
+                self._since_yield += 1
+                delivery = self._batch[self._batch_pos]
                 self._batch_pos += 1
                 self._buffered -= 1
                 # read ahead: once half the prefetch is handed out, fetch that many more (not

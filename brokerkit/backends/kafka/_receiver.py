@@ -125,7 +125,9 @@ class _Part:
     """Unsettled records read, in offset order."""
     gate: GroupGate[int] = field(default_factory=GroupGate)
     parked: list[tuple[int, int, _Record]] = field(default_factory=list)
-    """Heap by offset of eligible records beyond the hand-out window."""
+    """Heap by offset of eligible records found beyond the hand-out window by ``_take``."""
+    beyond: deque[_Record] = field(default_factory=deque)
+    """Eligible records read beyond the hand-out window, in offset order (``_ingest``)."""
     leased: int = 0
     held_bytes: int = 0
     revoking: bool = False
@@ -502,13 +504,17 @@ class KafkaReceiver(Receiver):
         parts, topic = self._parts, self._topic
         seq, ready = self._seq, self._ready
         last_p = -1
+        limit = 0
         part: _Part | None = None
         for msg in msgs:
             p = msg.partition()
             if p != last_p:  # a consume() batch comes in runs of one partition
                 last_p, part = p, parts.get((topic, p))
-                if part is not None and not part.gone:
-                    touched.add(part)
+                if part is None or part.gone:
+                    continue
+                touched.add(part)
+                # records past the hand-out window wait in offset order (no _take pass)
+                limit = -1 if part.beyond else part.commit_point() + WINDOW
             if part is None or part.gone:
                 continue
             offset = msg.offset()
@@ -545,9 +551,15 @@ class KafkaReceiver(Receiver):
                 if group is None or part.gate.push(group, offset):
                     self._push(rec, rec.due)
             elif group is None or part.gate.push(group, offset):
-                rec.qseq = qseq = next(seq)  # _push, inlined: due now
-                ready.append((qseq, rec))
+                if 0 <= offset < limit:
+                    rec.qseq = qseq = next(seq)  # _push, inlined: due now
+                    ready.append((qseq, rec))
+                else:
+                    limit = -1  # keep offset order: the rest of this run waits too
+                    part.beyond.append(rec)
         for part in touched:
+            if part.beyond:
+                self._commit_moved(part)
             self._update_backlog(part)
             part.dirty = True  # the flush updates the backlog again as records settle
         if touched:
@@ -808,9 +820,16 @@ class KafkaReceiver(Receiver):
     def _commit_moved(self, part: _Part) -> None:
         """Bring parked records into the window; tell the thread when it may resume fetching."""
         commit = part.commit_point()
+        limit = commit + WINDOW
+        beyond = part.beyond
+        if beyond:
+            records = part.records
+            while beyond and beyond[0].offset < limit:
+                other = beyond.popleft()
+                if records.get(other.offset) is other:
+                    self._push(other, 0.0)
         parked = part.parked
         if parked:
-            limit = commit + WINDOW
             records = part.records
             while parked and parked[0][0] < limit:
                 other = heapq.heappop(parked)[2]

@@ -1,0 +1,128 @@
+"""The consumer's read-ahead: how much it fetches, when, and that close gives back the rest.
+
+Pure facade logic, so a scripted in-process backend stands in for a broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import brokerkit
+from brokerkit._url import BrokerURL
+from brokerkit.backends.base import (
+    Backend,
+    Capabilities,
+    Delivery,
+    Receiver,
+    ReceiverSettings,
+)
+
+
+class CountingReceiver(Receiver):
+    """Hands out numbered deliveries; records every receive and what was given back."""
+
+    def __init__(self, available: int) -> None:
+        self.available = available
+        self.next = 0
+        self.calls: list[tuple[int, float]] = []
+        self.acked: list[int] = []
+        self.released: list[int] = []
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+        self.calls.append((max_messages, wait))
+        n = min(max_messages, self.available - self.next)
+        out = [
+            Delivery(str(i), b"m", {}, None, None, 1, i) for i in range(self.next, self.next + n)
+        ]
+        self.next += n
+        if not out and wait > 0:
+            await asyncio.sleep(0)
+        return out
+
+    async def ack(self, delivery: Delivery) -> None:
+        self.acked.append(delivery.receipt)
+
+    async def nack(self, delivery: Delivery, delay: float) -> None:
+        raise AssertionError("not used")
+
+    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+        raise AssertionError("not used")
+
+    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+        raise AssertionError("not used")
+
+    async def release(self, deliveries: Sequence[Delivery]) -> None:
+        self.released += [d.receipt for d in deliveries]
+
+    async def aclose(self) -> None:
+        pass
+
+
+class ScriptedBackend(Backend):
+    schemes = ("scripted",)
+    capabilities = Capabilities(
+        max_message_bytes=1 << 20, dedup_window=300.0, dedup_window_configurable=False, fan_out=True
+    )
+
+    def __init__(self, receiver: CountingReceiver) -> None:
+        self.receiver = receiver
+
+    @classmethod
+    def from_url(cls, url: BrokerURL) -> ScriptedBackend:
+        raise AssertionError("not used")
+
+    async def open(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+    async def publish(self, queue: str, messages: Sequence[Any]) -> list[Any]:
+        raise AssertionError("not used")
+
+    async def subscribe(
+        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
+    ) -> Receiver:
+        return self.receiver
+
+
+async def consume(receiver: CountingReceiver, prefetch: int, take: int) -> None:
+    async with brokerkit.from_backend(ScriptedBackend(receiver)) as broker:
+        async with broker.consumer("q", prefetch=prefetch) as consumer:
+            got = 0
+            async for msg in consumer:
+                await msg.ack()
+                got += 1
+                # never more fetched-but-not-handed-out than prefetch
+                assert receiver.next - got <= prefetch
+                if got == take:
+                    break
+
+
+async def test_reads_ahead_half_the_prefetch_without_waiting() -> None:
+    receiver = CountingReceiver(available=1000)
+    await consume(receiver, prefetch=8, take=40)
+    first_max, first_wait = receiver.calls[0]
+    assert (first_max, first_wait > 0) == (8, True)  # the caller's own fetch waits
+    ahead = receiver.calls[1:]
+    # every later fetch was a read-ahead (started before the buffer ran dry) and none
+    # blocks; how much each asks for is bounded by consume()'s prefetch assertion
+    assert len(ahead) >= 40 // 8 and all(wait == 0 for _, wait in ahead)
+
+
+async def test_close_gives_back_what_was_read_ahead_and_not_handed_out() -> None:
+    receiver = CountingReceiver(available=1000)
+    await consume(receiver, prefetch=8, take=5)
+    handed = sorted(receiver.acked)
+    assert handed == list(range(5))
+    # everything fetched was either acked or released; nothing twice, nothing lost
+    assert sorted(receiver.acked + receiver.released) == list(range(receiver.next))
+
+
+async def test_prefetch_one_fetches_only_when_asked() -> None:
+    receiver = CountingReceiver(available=10)
+    await consume(receiver, prefetch=1, take=10)
+    assert all(n == 1 and wait > 0 for n, wait in receiver.calls)
+    assert receiver.released == []

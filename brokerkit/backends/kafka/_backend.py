@@ -1,8 +1,9 @@
 """KafkaBackend: the connection, topics, and publishing (the sync Producer + a poll thread).
 
 * publish -> ``Producer.produce(topic, body, key, headers, on_delivery=...)`` with
-  ``acks=all`` and ``enable.idempotence=true``; returns once every delivery report
-  arrived. The record key is the fifo_group (else the dedup id, else none), so a
+  ``acks=all`` and ``enable.idempotence=true``; a call of 64+ records ends with
+  ``flush(0.001)`` (sent without waiting out ``linger.ms``); returns once every
+  delivery report arrived. The record key is the fifo_group (else the dedup id, else none), so a
   group, and every copy of a dedup id, lives in one partition.
 * queue -> topic ``<prefix>.<queue>`` (``?partitions=``) plus DLQ topic
   ``<prefix>-dlq.<queue>`` (one partition: total death order), created with the

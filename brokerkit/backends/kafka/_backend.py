@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -397,13 +398,15 @@ class _Batch:
     not one future per record). The ids are built on the loop in ``results``.
     """
 
-    __slots__ = ("_error", "_hosts", "_lock", "_loop", "_remaining", "future", "reports")
+    __slots__ = ("_counted", "_error", "_hosts", "_last", "_loop", "future", "reports")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, hosts: Sequence[HostPort]):
         self._loop = loop
         self._hosts = hosts
-        self._lock = threading.Lock()
-        self._remaining = size
+        self._counted = itertools.count()
+        """Each report (and each record ``shrink`` gives up on) takes one number;
+        ``next`` is atomic, so exactly one taker gets the last number and wakes the loop."""
+        self._last = size - 1
         self._error: KafkaError | None = None
         self.reports: list[Any] = [None] * size
         self.future: asyncio.Future[None] = loop.create_future()
@@ -417,19 +420,14 @@ class _Batch:
             self.reports[index] = msg
         elif self._error is None:
             self._error = err
-        with self._lock:
-            self._remaining -= 1
-            last = self._remaining == 0
-        if last:
+        if next(self._counted) == self._last:
             self._wake()
 
     def shrink(self, produced: int) -> None:
         """Only ``produced`` records were handed over (a produce call failed)."""
-        with self._lock:
-            self._remaining -= len(self.reports) - produced
-            last = self._remaining == 0
-        if last:
-            self._wake()
+        for _ in range(len(self.reports) - produced):
+            if next(self._counted) == self._last:
+                self._wake()
 
     def results(self) -> list[PublishResult]:
         """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in)."""

@@ -158,3 +158,14 @@ async def test_fifo_entries_in_an_ack_batch_advance_their_group(backend: RedisBa
     await r._ack_now(last)
     assert await pending(backend, r) == 0
     await r.aclose()
+
+
+async def test_a_busy_plain_stream_does_not_starve_fifo_entries(backend: RedisBackend) -> None:
+    await publish(backend, 1000)
+    await publish(backend, 1, fifo="f")
+    r = await receiver(backend, 30)
+    first = await r.receive(100, 2.0) + await r.receive(100, 2.0)
+    # the two sources take turns: the second call asks TAKE first, which routes the fifo entry
+    assert any(d.fifo_group == "f" for d in first)
+    assert await r._ack_now(first) == []
+    await r.aclose()

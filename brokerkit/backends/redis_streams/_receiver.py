@@ -37,6 +37,8 @@ _ACK_BATCH = 512
 _monotonic = time.monotonic  # the event loop's clock
 _BARE_ACK_MARGIN = 1.0
 """Seconds every lease of a coalesced batch must still hold for it to go as a bare XACK."""
+_TAKE_IDLE_SKIP = 0.01
+"""How long a TAKE that found nothing lets full plain batches skip the next TAKE."""
 _SWEEP_INTERVAL = 0.1
 """Longest pause between two looks for expired leases while a receiver keeps reading."""
 
@@ -94,6 +96,7 @@ class RedisReceiver(Receiver):
         self._next_trim = 0.0
         self._next_sweep = 0.0
         self._plain_first = False
+        self._take_idle_until = 0.0
         self._acks: list[Delivery] = []
         self._ack_ready = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -109,7 +112,9 @@ class RedisReceiver(Receiver):
         """Lease up to ``max_messages``; block at most ``wait`` s (in slices of poll_interval).
 
         The plain stream's new entries and TAKE's (expired, due, fifo) take turns going
-        first, so neither can starve the other.
+        first, so neither can starve the other; except that while TAKE keeps finding
+        nothing, a full plain batch skips it for up to ``_TAKE_IDLE_SKIP`` s (one script
+        call less per batch under a busy plain stream).
         """
         loop = asyncio.get_running_loop()
         end = loop.time() + wait
@@ -119,13 +124,16 @@ class RedisReceiver(Receiver):
             await self._maybe_trim(now)
             holds_until = now + self._lease_ms / 1000
             plain_first = self._plain_first = not self._plain_first
+            plain_first = plain_first or now < self._take_idle_until
             # holds_until (in each receipt) is taken *before* the calls, so never later than
             # the server's deadline: ack() refuses a late coalesced ack with it at once.
             out = await self._read_plain(want, holds_until) if plain_first else []
             reply: list[Any] | None = None
             if len(out) < want:
                 reply = await self._take(want - len(out))
-                out += _decode_taken(reply[5], holds_until)
+                taken = _decode_taken(reply[5], holds_until)
+                self._take_idle_until = 0.0 if taken else now + _TAKE_IDLE_SKIP
+                out += taken
                 if not plain_first and len(out) < want:
                     out += await self._read_plain(want - len(out), holds_until)
             if out:

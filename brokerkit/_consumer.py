@@ -119,14 +119,7 @@ class Message:
 
     async def ack(self) -> None:
         """Settle: the message is not delivered to this consumer group again."""
-        # _settle(self._receiver.ack), spelled out: one coroutine less on the hot path
-        self._begin_settle()
-        try:
-            await self._receiver.ack(self._delivery)
-        except BaseException as exc:
-            self._settle_failed(exc)
-            raise
-        self._end_settle()
+        await self._settle(self._receiver.ack)
 
     async def nack(self, delay: float | None = None) -> None:
         """Deliver again (attempt + 1) no sooner than ``delay`` seconds from now.
@@ -172,32 +165,21 @@ class Message:
             )
 
     async def _settle(self, action: Any) -> None:
-        """Run one settling backend call through the state machine below."""
-        self._begin_settle()
-        try:
-            await action(self._delivery)
-        except BaseException as exc:
-            self._settle_failed(exc)
-            raise
-        self._end_settle()
-
-    # The settling state machine, in one place: begin, then end or failed.
-
-    def _begin_settle(self) -> None:
+        """Run one settling backend call; the state machine lives here only."""
         if self._state is not _UNSETTLED or _now() > self._deadline:
             self._check_settleable()  # raises AlreadySettled or LeaseExpired
         self._state = _SETTLING
-
-    def _end_settle(self) -> None:
-        self._state = _SETTLED
-        self._consumer._forget(self)
-
-    def _settle_failed(self, exc: BaseException) -> None:
-        if isinstance(exc, LeaseExpired):
+        try:
+            await action(self._delivery)
+        except LeaseExpired:
             self._state = _LOST
             self._consumer._forget(self)
-        else:  # the backend call failed or was cancelled: still unsettled, may be retried
+            raise
+        except BaseException:
             self._state = _UNSETTLED
+            raise
+        self._state = _SETTLED
+        self._consumer._forget(self)
 
     def _give_back(self, now: float) -> bool:
         """Called on consumer close: True if unsettled and its lease still held."""

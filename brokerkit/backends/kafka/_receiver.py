@@ -158,32 +158,9 @@ class _Part:
 
     def runs(self, commit: int) -> Iterator[tuple[int, int, str]]:
         """The metadata runs above ``commit``: settled offsets and delivery counts."""
-        now_ms = int(time.time() * 1000)
-        records = self.records
         run_start = run_len = 0
         run_text = ""  # "" = never delivered (omitted)
-        for offset in range(commit, min(self.top + 1, self.next_offset)):
-            rec = records.get(offset)
-            if rec is None:
-                text = "s"
-            elif rec.count == 0:
-                text = ""
-            elif not rec.due:
-                text = "1" if rec.count == 1 else state_text(rec.count)
-            else:
-                due = int(rec.due * 1000)
-                text = state_text(rec.count, due if due > now_ms else 0)
-            if text == run_text and offset == run_start + run_len:
-                run_len += 1
-                continue
-            if run_text:
-                yield run_start, run_len, run_text
-            run_start, run_len, run_text = offset, 1, text
-        for offset in sorted(self.restored):  # states not read back yet
-            if offset < self.next_offset:
-                continue
-            state = self.restored[offset]
-            text = state_text(state.count, state.due_ms)
+        for offset, text in self._states(commit):
             if text == run_text and offset == run_start + run_len:
                 run_len += 1
                 continue
@@ -192,6 +169,27 @@ class _Part:
             run_start, run_len, run_text = offset, 1, text
         if run_text:
             yield run_start, run_len, run_text
+
+    def _states(self, commit: int) -> Iterator[tuple[int, str]]:
+        """(offset, state text) above ``commit`` in offset order: the records read so far,
+        then the restored states of offsets not read back yet."""
+        now_ms = int(time.time() * 1000)
+        records = self.records
+        for offset in range(commit, min(self.top + 1, self.next_offset)):
+            rec = records.get(offset)
+            if rec is None:
+                yield offset, "s"
+            elif rec.count == 0:
+                yield offset, ""
+            elif not rec.due:
+                yield offset, "1" if rec.count == 1 else state_text(rec.count)
+            else:
+                due = int(rec.due * 1000)
+                yield offset, state_text(rec.count, due if due > now_ms else 0)
+        for offset in sorted(self.restored):
+            if offset >= self.next_offset:
+                state = self.restored[offset]
+                yield offset, state_text(state.count, state.due_ms)
 
     def snapshot(self) -> Snapshot:
         """The commit offset and the metadata describing the offsets above it."""
@@ -651,9 +649,7 @@ class KafkaReceiver(Receiver):
 
     async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
         """Hand out due records; commit their new delivery counts first (durable attempt)."""
-        # Give up slightly before ``wait``: a receive that ends in the same loop iteration as
-        # a caller's equally long timeout can starve the facade's done-callback (see docs).
-        end = time.monotonic() + wait - min(0.05, wait / 10)
+        end = time.monotonic() + wait
         if self._staging is not None:
             await asyncio.shield(self._staging)  # cancelled: the staged records stay staged
         while True:

@@ -26,7 +26,6 @@ __all__ = [
     "encode_entry",
     "encode_outgoing",
     "public_id",
-    "read_group",
     "run_script",
 ]
 
@@ -162,13 +161,6 @@ class Script:
 async def command(client: Redis, *args: Any) -> Any:
     """One raw Redis command (redis-py leaves ``execute_command`` untyped)."""
     return await client.execute_command(*args)  # type: ignore[no-untyped-call]
-
-
-async def read_group(client: Redis, *args: Any) -> Any:
-    """``XREADGROUP <args>``, its reply unparsed: the command name is given as bytes, which
-    redis-py's (str-keyed) response callbacks do not match, so no dict is built per entry
-    (``decode_plain`` accepts either shape)."""
-    return await client.execute_command(b"XREADGROUP", *args)  # type: ignore[no-untyped-call]
 
 
 async def run_script(

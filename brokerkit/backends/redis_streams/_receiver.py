@@ -21,7 +21,6 @@ from brokerkit.backends.redis_streams._keys import (
     decode_entry,
     decode_plain,
     encode_entry,
-    read_group,
 )
 
 if TYPE_CHECKING:
@@ -147,10 +146,12 @@ class RedisReceiver(Receiver):
     async def _read_plain(self, count: int, holds_until: float) -> list[Delivery]:
         """``XREADGROUP GROUP g me COUNT n STREAMS <stream> >``: new plain entries, leased
         implicitly (PEL delivery time + our lease) by the read itself."""
-        args = ("GROUP", self._group, self._me, "COUNT", count, "STREAMS", self._stream, ">")
-        client, run = self._backend.client, self._backend.run
+        # The command name as bytes: redis-py's response callbacks are keyed by str, so the
+        # reply comes back unparsed, without a dict built per entry (decode_plain reads it).
+        args = (b"XREADGROUP", "GROUP", self._group, self._me, "COUNT", count)
+        command = self._backend.command
         reply = await self._nogroup_safe(
-            lambda: run(lambda: read_group(client, *args), patient=True)
+            lambda: command(*args, "STREAMS", self._stream, ">", patient=True)
         )
         if not reply:
             return []

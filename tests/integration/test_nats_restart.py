@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from _process import terminate
 
 import brokerkit
 
@@ -83,14 +84,7 @@ class NatsProcess:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, STOP_TIMEOUT)
 
     def kill(self) -> None:
         proc, self.proc = self.proc, None

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from _process import terminate
 
 import brokerkit
 
@@ -82,14 +83,7 @@ class Server:
     def stop(self) -> None:
         """SIGTERM (Redis flushes and fsyncs the AOF on shutdown), SIGKILL if it hangs."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        terminate(proc, 10)
 
 
 @pytest.fixture

@@ -29,12 +29,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 from brokerkit._message import Outgoing, PublishResult
 from brokerkit._url import BrokerURL
 
-__all__ = ["Backend", "Capabilities", "Delivery", "Receiver", "ReceiverSettings"]
+__all__ = ["NO_HEADERS", "Backend", "Capabilities", "Delivery", "Receiver", "ReceiverSettings"]
+
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+"""The headers of every delivery without any: one shared, read-only mapping (no dict to
+allocate, and so none for the garbage collector to scan, per message)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +79,8 @@ class Delivery:
     id: str
     """The broker's id of the message (the same id publish returned)."""
     body: bytes
-    headers: dict[str, str]
-    """The user's headers byte-exact, plus the DLQ envelope on dead letters."""
+    headers: Mapping[str, str]
+    """The user's headers byte-exact, plus the DLQ envelope on dead letters (read-only)."""
     fifo_group: str | None
     dedup_id: str | None
     attempt: int

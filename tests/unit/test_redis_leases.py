@@ -169,3 +169,17 @@ async def test_a_busy_plain_stream_does_not_starve_fifo_entries(backend: RedisBa
     assert any(d.fifo_group == "f" for d in first)
     assert await r._ack_now(first) == []
     await r.aclose()
+
+
+async def test_headerless_deliveries_share_one_read_only_mapping(backend: RedisBackend) -> None:
+    # Plain entries without headers share NO_HEADERS (no dict per message): nobody can
+    # change another message's headers through it, and headed entries keep their own.
+    q = backend.test_queue  # type: ignore[attr-defined]
+    await backend.publish(q, [brokerkit.Outgoing(b"a"), brokerkit.Outgoing(b"b")])
+    await backend.publish(q, [brokerkit.Outgoing(b"c", headers={"k": "v"})])
+    r = await receiver(backend, 30)
+    a, b, c = await take(r, 3)
+    assert a.headers == b.headers == {} and a.headers is b.headers
+    with pytest.raises(TypeError):
+        a.headers["x"] = "y"  # type: ignore[index]
+    assert b.headers == {} and c.headers == {"k": "v"}

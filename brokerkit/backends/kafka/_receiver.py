@@ -48,7 +48,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicParti
 
 from brokerkit._errors import LeaseExpired
 from brokerkit._fifo import GroupGate
-from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
+from brokerkit.backends.base import NO_HEADERS, Delivery, Receiver, ReceiverSettings
 from brokerkit.backends.kafka._backend import DEDUP_HEADER, GROUP_HEADER
 from brokerkit.backends.kafka._errors import map_error
 from brokerkit.backends.kafka._offsets import (
@@ -84,8 +84,6 @@ _BATCH = 500
 
 Key = tuple[str, int]
 Snapshot = tuple[str, int, int, str]  # topic, partition, commit offset, metadata
-_NO_HEADERS: dict[str, str] = {}
-"""Shared by every record without headers (never mutated)."""
 _Command = tuple[Callable[[Consumer], Any], concurrent.futures.Future[Any]]
 
 
@@ -94,7 +92,7 @@ class _Record:
     part: _Part
     offset: int
     body: bytes
-    headers: dict[str, str]
+    headers: Mapping[str, str]
     fifo_group: str | None
     dedup_id: str | None
     timestamp: int
@@ -520,12 +518,13 @@ class KafkaReceiver(Receiver):
                 continue
             part.next_offset = offset + 1
             raw = msg.headers()
+            headers: Mapping[str, str] = NO_HEADERS
+            group = dedup = None
             if raw:
-                headers = {k: (v or b"").decode("utf-8", "replace") for k, v in raw}
-                group = headers.pop(GROUP_HEADER, None)
-                dedup = headers.pop(DEDUP_HEADER, None)
-            else:
-                headers, group, dedup = _NO_HEADERS, None, None
+                decoded = {k: (v or b"").decode("utf-8", "replace") for k, v in raw}
+                group = decoded.pop(GROUP_HEADER, None)
+                dedup = decoded.pop(DEDUP_HEADER, None)
+                headers = decoded
             timestamp = msg.timestamp()[1]
             if offset < part.commit_from:
                 if dedup is not None:

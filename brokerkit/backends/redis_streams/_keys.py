@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -14,7 +14,7 @@ from redis import exceptions as rex
 from redis.asyncio import Redis
 
 from brokerkit._message import Outgoing
-from brokerkit.backends.base import Delivery
+from brokerkit.backends.base import NO_HEADERS, Delivery
 
 __all__ = [
     "FIFO_ID_PREFIX",
@@ -98,16 +98,24 @@ def public_id(entry_id: bytes, fifo: bool) -> str:
     return FIFO_ID_PREFIX + entry_id.decode() if fifo else entry_id.decode()
 
 
-def decode_plain(entry_id: bytes, flat: Any, holds_until: float = math.inf) -> Delivery:
-    """A first delivery (count 1) read by ``XREADGROUP`` from a plain stream; the common
-    entry (just a body) without a field loop. ``flat`` is the raw field list (or a dict,
-    should a client parse it)."""
-    if len(flat) == 2 and flat[0] == F_BODY:
-        receipt = (entry_id, 1, holds_until)
-        return Delivery(entry_id.decode(), flat[1], {}, None, None, 1, receipt, _NO_EXTRAS)
-    if isinstance(flat, Mapping):
-        flat = [x for pair in flat.items() for x in pair]
-    return decode_entry(entry_id, flat, 1, holds_until)
+def decode_plain(entries: Iterable[Any], holds_until: float = math.inf) -> list[Delivery]:
+    """First deliveries (count 1) read by ``XREADGROUP`` from a plain stream: ``entries`` is
+    its raw ``[entry id, fields]`` list. The common entry (just a body) is made here without
+    a field loop or a call; ``fields`` may be a flat list or a dict (should a client parse
+    it)."""
+    out: list[Delivery] = []
+    append = out.append
+    for entry_id, flat in entries:
+        if len(flat) == 2 and flat[0] == F_BODY:
+            receipt = (entry_id, 1, holds_until)
+            append(
+                Delivery(entry_id.decode(), flat[1], NO_HEADERS, None, None, 1, receipt, _NO_EXTRAS)
+            )
+            continue
+        if isinstance(flat, Mapping):
+            flat = [x for pair in flat.items() for x in pair]
+        append(decode_entry(entry_id, flat, 1, holds_until))
+    return out
 
 
 def decode_entry(
@@ -122,7 +130,7 @@ def decode_entry(
     """
     body = b""
     fifo_group = dedup_id = None
-    headers: dict[str, str] = {}
+    headers: Mapping[str, str] = NO_HEADERS
     for i in range(0, len(flat) - 1, 2):
         name, value = flat[i], flat[i + 1]
         if name == F_BODY:

@@ -89,6 +89,10 @@ class RedisReceiver(Receiver):
         self._fdue, _, self._fprefix = Keys.group(self._fstream, group)
         options = backend.options
         self._flush_interval = options.ack_flush_interval
+        # an ack is coalesced only while its lease holds longer than this (never if 0)
+        self._coalesce_min_left = (
+            2 * self._flush_interval + 0.05 if self._flush_interval > 0 else math.inf
+        )
         self._poll = options.poll_interval
         self._sweep_interval = min(_SWEEP_INTERVAL, options.poll_interval)
         self._trim_interval = options.trim_interval
@@ -157,7 +161,7 @@ class RedisReceiver(Receiver):
             return []
         # RESP3 answers {stream: entries}, RESP2 [[stream, entries]]
         entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
-        return [decode_plain(entry_id, fields, holds_until) for entry_id, fields in entries]
+        return decode_plain(entries, holds_until)
 
     async def _take(self, count: int) -> list[Any]:
         backend = self._backend
@@ -228,19 +232,14 @@ class RedisReceiver(Receiver):
         left = delivery.receipt[2] - _monotonic()
         if left <= 0:
             raise _lost(delivery)
-        if (
-            delivery.fifo_group is None
-            and self._flush_interval > 0
-            and left > 2 * self._flush_interval + 0.05
-            and not self._closed
-        ):
+        if left > self._coalesce_min_left and delivery.fifo_group is None and not self._closed:
             acks = self._acks
             if not acks:  # the flush loop takes every ack queued while it is awake
                 self._ack_ready.set()
+                if self._flusher is None:
+                    self._flusher = asyncio.ensure_future(self._flush_loop())
             acks.append(delivery)
-            if self._flusher is None:
-                self._flusher = asyncio.ensure_future(self._flush_loop())
-            if len(self._acks) >= 8 * _ACK_BATCH:
+            if len(acks) >= 8 * _ACK_BATCH:
                 await self._flush()  # back-pressure on a caller acking faster than Redis
             return
         if await self._ack_now([delivery]):

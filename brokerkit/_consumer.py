@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -47,33 +47,24 @@ class Message:
     LeaseExpired.
     """
 
-    __slots__ = (
-        "_consumer",
-        "_deadline",
-        "_delivery",
-        "_receiver",
-        "_state",
-        "dead_letter_info",
-        "headers",
-    )
+    __slots__ = ("_consumer", "_deadline", "_delivery", "_receiver", "_state")
+
+    dead_letter_info: DeadLetterInfo | None = None
+    """Why the message died, when it was read from a DLQ (``broker.dead_letters``)."""
 
     def __init__(
-        self,
-        consumer: Consumer,
-        receiver: Receiver,
-        delivery: Delivery,
-        headers: dict[str, str],
-        info: DeadLetterInfo | None,
-        deadline: float,
+        self, consumer: Consumer, receiver: Receiver, delivery: Delivery, deadline: float
     ) -> None:
         self._consumer = consumer
         self._receiver = receiver
         self._delivery = delivery
         self._deadline = deadline
         self._state = _UNSETTLED
-        self.headers: Mapping[str, str] = headers
-        self.dead_letter_info = info
-        """Why the message died, when it was read from a DLQ (``broker.dead_letters``)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The publisher's headers, byte-exact (read-only)."""
+        return self._delivery.headers
 
     @property
     def queue(self) -> str:
@@ -117,9 +108,13 @@ class Message:
             f"fifo_group={self.fifo_group!r} {self._state}>"
         )
 
-    async def ack(self) -> None:
-        """Settle: the message is not delivered to this consumer group again."""
-        await self._settle(self._receiver.ack)
+    def ack(self) -> Coroutine[Any, Any, None]:
+        """Settle: the message is not delivered to this consumer group again.
+
+        ``await msg.ack()``. (A plain method returning the settling coroutine: one
+        coroutine less per message than an ``async def`` wrapper.)
+        """
+        return self._settle(self._receiver.ack)
 
     async def nack(self, delay: float | None = None) -> None:
         """Deliver again (attempt + 1) no sooner than ``delay`` seconds from now.
@@ -189,6 +184,25 @@ class Message:
         return False
 
 
+class _DeadLetterMessage(Message):
+    """A message read from a DLQ: the envelope split off its headers into ``dead_letter_info``.
+
+    (Its own class, so that an ordinary Message carries no per-message fields for it.)
+    """
+
+    __slots__ = ("_headers", "dead_letter_info")
+
+    def __init__(
+        self, consumer: Consumer, receiver: Receiver, delivery: Delivery, deadline: float
+    ) -> None:
+        super().__init__(consumer, receiver, delivery, deadline)
+        self._headers, self.dead_letter_info = split_envelope(delivery.headers)
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._headers
+
+
 class Consumer:
     """Reads one queue (or its DLQ) for one consumer group; an async iterator of Messages.
 
@@ -220,6 +234,8 @@ class Consumer:
         self.close_timeout = close_timeout
         self.dead_letters = dead_letters
         self._receiver: Receiver | None = None
+        # only DLQ copies carry the envelope
+        self._message_class = _DeadLetterMessage if dead_letters else Message
         # fetched, not yet handed out: the batch being handed out, then whole batches, each
         # with the time its leases run out (ack_timeout after it arrived)
         self._batch: list[Delivery] = []
@@ -229,7 +245,7 @@ class Consumer:
         self._buffered = 0
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
-        self._held: dict[int, Message] = {}
+        self._held: set[Message] = set()  # handed out, not yet settled
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
         self._fetch: asyncio.Task[list[Delivery]] | None = None
         self._closing = False
@@ -271,30 +287,31 @@ class Consumer:
     async def __anext__(self) -> Message:
         if self._closing:
             raise ResourceClosed(f"{self!r} is closed")
-        if self._receiver is None:
+        receiver = self._receiver
+        if receiver is None:
             await self.open()
+            receiver = self._live_receiver()
         while True:
             # state is re-read after every await: close (or another iterating task) may
             # have moved it meanwhile
-            if self._batch_pos < len(self._batch):
-                if self._fetch is not None and self._since_yield >= _YIELD_EVERY:
-                    # A caller that never waits (every ack coalesced, a CPU-bound handler)
-                    # would starve the read-ahead fetch: let the loop move it along.
-                    self._since_yield = 0
-                    await asyncio.sleep(0)
-                    continue
-                self._since_yield += 1
-                delivery = self._batch[self._batch_pos]
-                self._batch_pos += 1
-                self._buffered -= 1
+            pos = self._batch_pos
+            batch = self._batch
+            if pos < len(batch):
+                if self._fetch is not None:
+                    if self._since_yield >= _YIELD_EVERY:
+                        # A caller that never waits (every ack coalesced, a CPU-bound
+                        # handler) would starve the read-ahead fetch: let the loop move it.
+                        self._since_yield = 0
+                        await asyncio.sleep(0)
+                        continue
+                    self._since_yield += 1
+                delivery = batch[pos]
+                self._batch_pos = pos + 1
+                buffered = self._buffered = self._buffered - 1
                 # read ahead: once half the prefetch is handed out, fetch that many more (not
                 # with prefetch=1: that asks for one message at a time, leased when asked for)
-                if (
-                    self._fetch is None
-                    and self._buffered <= self._read_ahead_at
-                    and not self._closing
-                ):
-                    self._start_fetch(self.prefetch - self._buffered, wait=0.0)
+                if buffered <= self._read_ahead_at and self._fetch is None and not self._closing:
+                    self._start_fetch(self.prefetch - buffered, wait=0.0)
                 deadline = self._batch_deadline
                 if _now() > deadline:
                     continue  # the lease ran out while buffered: the broker redelivers it
@@ -304,7 +321,9 @@ class Consumer:
                         delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
                     )
                     continue
-                return self._admit(delivery, deadline)
+                message = self._message_class(self, receiver, delivery, deadline)
+                self._held.add(message)
+                return message
             if self._buffer:
                 self._batch_deadline, self._batch = self._buffer.popleft()
                 self._batch_pos = 0
@@ -349,18 +368,8 @@ class Consumer:
             self._buffer.append((_now() + self.ack_timeout, deliveries))
             self._buffered += len(deliveries)
 
-    def _admit(self, delivery: Delivery, deadline: float) -> Message:
-        """Wrap a delivery for the caller and hold it until settled."""
-        if self.dead_letters:
-            headers, info = split_envelope(delivery.headers)
-        else:  # only DLQ copies carry the envelope; the user's headers are validated on publish
-            headers, info = delivery.headers, None
-        message = Message(self, self._live_receiver(), delivery, headers, info, deadline)
-        self._held[id(message)] = message
-        return message
-
     def _forget(self, message: Message) -> None:
-        self._held.pop(id(message), None)
+        self._held.discard(message)
         if self._drained is not None and not self._held:
             self._drained.set()
 
@@ -409,7 +418,7 @@ class Consumer:
                 fetch.cancel()
         if self._held and self.close_timeout > 0:
             # wait for the caller to settle, but never past the last lease still held
-            last_lease = max(m._deadline for m in self._held.values())
+            last_lease = max(m._deadline for m in self._held)
             timeout = min(self.close_timeout, last_lease - _now())
             if timeout > 0:
                 self._drained = asyncio.Event()
@@ -417,7 +426,7 @@ class Consumer:
                 await asyncio.wait([drained], timeout=timeout)
                 drained.cancel()
         now = _now()
-        seen = [m._delivery for m in list(self._held.values()) if m._give_back(now)]
+        seen = [m._delivery for m in list(self._held) if m._give_back(now)]
         unseen = self._batch[self._batch_pos :] if self._batch_deadline > now else []
         for deadline, batch in self._buffer:
             if deadline > now:

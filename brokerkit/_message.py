@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -27,6 +27,27 @@ class PublishResult:
 
     id: str
     duplicate: bool | None = None
+
+
+_new = object.__new__
+_set_id = vars(PublishResult)["id"].__set__
+_set_duplicate = vars(PublishResult)["duplicate"].__set__
+
+
+def publish_results(ids: Iterable[str]) -> list[PublishResult]:
+    """``[PublishResult(id) for id in ids]`` at half the cost, for a backend's hot path.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; the
+    slots' own descriptors set them directly (the result is an ordinary PublishResult).
+    """
+    out: list[PublishResult] = []
+    append = out.append
+    for id_ in ids:
+        result = _new(PublishResult)
+        _set_id(result, id_)
+        _set_duplicate(result, None)
+        append(result)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,3 +163,15 @@ def test_group_gate_one_out_at_a_time_in_order() -> None:
     assert gate.take("g") == 1
     assert gate.done("g") == 2
     assert gate.take("g") == 2 and gate.done("g") is None and len(gate) == 0
+
+
+def test_publish_results_fast_path_makes_ordinary_frozen_results() -> None:
+    import dataclasses
+
+    from brokerkit._message import PublishResult, publish_results
+
+    fast = publish_results(["0-1", "2-7"])
+    assert fast == [PublishResult("0-1"), PublishResult("2-7")]
+    assert all(type(r) is PublishResult and r.duplicate is None for r in fast)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast[0].id = "x"  # type: ignore[misc]

@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from brokerkit._errors import BrokerkitError, ConfigError
-from brokerkit._message import Outgoing, PublishResult
+from brokerkit._message import Outgoing, PublishResult, publish_results
 from brokerkit._retry import retry_unavailable
 from brokerkit._url import BrokerURL, HostPort
 from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSettings
@@ -431,7 +431,7 @@ class _Batch:
 
     def results(self) -> list[PublishResult]:
         """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in)."""
-        return [PublishResult(f"{m.partition()}-{m.offset()}") for m in self.reports]
+        return publish_results([f"{m.partition()}-{m.offset()}" for m in self.reports])
 
     def _wake(self) -> None:
         try:

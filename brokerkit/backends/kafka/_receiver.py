@@ -775,7 +775,7 @@ class KafkaReceiver(Receiver):
                 Delivery(
                     f"{part.partition}-{offset}",
                     rec.body,
-                    dict(rec.headers) if rec.headers else {},
+                    dict(rec.headers) if rec.headers else NO_HEADERS,
                     rec.fifo_group,
                     rec.dedup_id,
                     rec.count,

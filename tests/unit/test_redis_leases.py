@@ -183,3 +183,29 @@ async def test_headerless_deliveries_share_one_read_only_mapping(backend: RedisB
     with pytest.raises(TypeError):
         a.headers["x"] = "y"  # type: ignore[index]
     assert b.headers == {} and c.headers == {"k": "v"}
+
+
+async def test_acks_queued_during_a_flush_are_recorded_by_the_next_round(
+    backend: RedisBackend,
+) -> None:
+    # A flush records what was queued when it began (and any full batch); a partial batch
+    # queued meanwhile is left to the flush loop's next round -- which must come, though
+    # no further ack rings for it (an ack rings only when the queue was empty).
+    await publish(backend, 1100)
+    r = await receiver(backend, 30)
+    r._flush_interval, r._coalesce_min_left = 0.05, 0.15  # coalesce, as by default
+    got = await take(r, 1100)
+    for d in got[:1000]:
+        await r.ack(d)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5.0
+    while not r._flush_lock.locked():  # the flush loop's flush has sent its first batch
+        assert loop.time() < deadline, "the flush loop never flushed"
+        await asyncio.sleep(0)
+    for d in got[1000:]:
+        await r.ack(d)
+    while await pending(backend, r):
+        assert loop.time() < deadline, f"{await pending(backend, r)} acks never recorded"
+        await asyncio.sleep(0.02)
+    assert not r._acks
+    await r.aclose()

@@ -33,6 +33,8 @@ log = logging.getLogger("brokerkit.redis")
 PARK = "~park"
 """Pseudo consumer owning entries nobody holds: parked fifo entries, nacked ones."""
 _ACK_BATCH = 512
+_ACK_BACKLOG = 32 * _ACK_BATCH
+"""Coalesced acks queued beyond this make ``ack`` flush them itself (back-pressure)."""
 _monotonic = time.monotonic  # the event loop's clock
 _BARE_ACK_MARGIN = 1.0
 """Seconds every lease of a coalesced batch must still hold for it to go as a bare XACK."""
@@ -239,7 +241,7 @@ class RedisReceiver(Receiver):
                 if self._flusher is None:
                     self._flusher = asyncio.ensure_future(self._flush_loop())
             acks.append(delivery)
-            if len(acks) >= 8 * _ACK_BATCH:
+            if len(acks) >= _ACK_BACKLOG:
                 await self._flush()  # back-pressure on a caller acking faster than Redis
             return
         if await self._ack_now([delivery]):
@@ -272,15 +274,25 @@ class RedisReceiver(Receiver):
                 self._ack_ready.set()  # retry without waiting for the next ack
 
     async def _flush(self) -> None:
+        """Record the acks queued now, and every full batch queued meanwhile.
+
+        A partial batch queued meanwhile waits for the flush loop's next round (rung here),
+        so a busy consumer sends full batches, not one small XACK per round trip.
+        """
         async with self._flush_lock:
-            while self._acks:
-                batch = self._acks[:_ACK_BATCH]
-                del self._acks[:_ACK_BATCH]
+            acks = self._acks
+            owed = len(acks)
+            while acks and (owed > 0 or len(acks) >= _ACK_BATCH):
+                batch = acks[:_ACK_BATCH]
+                del acks[:_ACK_BATCH]
                 try:
                     await self._flush_batch(batch)
                 except BaseException:
-                    self._acks[:0] = batch
+                    acks[:0] = batch
                     raise
+                owed -= len(batch)
+            if acks:
+                self._ack_ready.set()
 
     async def _flush_batch(self, batch: Sequence[Delivery]) -> None:
         """Record coalesced acks (all without a fifo_group).

@@ -13,6 +13,9 @@ state of each owned partition and sends the thread commands.
   leased when the next receive hands it over), so that commit overlaps the caller's work.
   The thread runs commands between ``consume`` calls; after a command it stays hot
   (non-blocking ``consume`` + a wait on ``_kick``) so the next command starts at once.
+  A count commit sent to a hot thread also hands it the GIL: the loop waits (at most
+  ``_HAND_OVER_WAIT``) until the thread has started it, because a busy event loop
+  otherwise keeps the GIL for up to a switch interval (5 ms) before the thread runs.
 * ack -> the record is settled in memory; the partition's commit offset moves to
   the lowest unsettled offset and the settled offsets above it go into the
   metadata; an asynchronous commit follows within ``ack_flush_interval``.
@@ -80,6 +83,8 @@ _CONSUME_TIMEOUT = 0.02
 _HOT_SPELL = 0.25
 """After a command, the thread stays hot this long: non-blocking consume + a kickable wait."""
 _HOT_WAIT = 0.002
+_HAND_OVER_WAIT = 0.001
+"""Longest the loop waits for a hot consumer thread to start a count commit (``_call``)."""
 _BATCH = 500
 
 Key = tuple[str, int]
@@ -137,6 +142,8 @@ class _Part:
     """Highest offset whose state the metadata must carry (handed out, restored, skipped)."""
     span: int = 0
     """Offsets held above the commit point at the last backlog update (flow control)."""
+    moved: bool = False
+    """Its commit point may have moved since ``KafkaReceiver._apply_moved`` last ran."""
     key: Key = ("", -1)
     extras: dict[str, Any] = field(default_factory=dict)
     """The delivery extras every record of this partition shares (offset, timestamp added)."""
@@ -227,6 +234,8 @@ class KafkaReceiver(Receiver):
         so a settled record (and its body) is freed at once, not at its old deadline."""
         self._leased: dict[int, _Record] = {}
         """Token -> record, for every leased (or staged) record: the settle receipts."""
+        self._moved: list[_Part] = []
+        """Partitions whose lowest held record was settled since ``_apply_moved`` last ran."""
         self._seq = itertools.count(1)
         self._next_token = 1
         self._wake = asyncio.Event()
@@ -239,6 +248,8 @@ class KafkaReceiver(Receiver):
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._commands_closed = False
         self._commands_lock = threading.Lock()
+        self._picked = threading.Event()
+        """Set by the consumer thread when it starts a command (GIL hand-over, ``_call``)."""
         self._kick = threading.Event()
         """Set with every command: wakes the consumer thread when it is hot."""
         self._hot_until = 0.0
@@ -329,6 +340,7 @@ class KafkaReceiver(Receiver):
                 fn, fut = self._commands.get_nowait()
             except queue.Empty:
                 return
+            self._picked.set()
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -438,7 +450,13 @@ class KafkaReceiver(Receiver):
 
     async def _call(self, fn: Callable[[Consumer], Any]) -> Any:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        hot = time.monotonic() < self._hot_until
+        self._picked.clear()
         self._send(fn, fut)
+        if hot:
+            # hand the GIL over (see the module docstring): blocks the loop until the
+            # thread has picked the command up, typically well under 0.1 ms
+            self._picked.wait(_HAND_OVER_WAIT)
         return await asyncio.wrap_future(fut)
 
     def _send(self, fn: Callable[[Consumer], Any], fut: concurrent.futures.Future[Any]) -> None:
@@ -594,6 +612,8 @@ class KafkaReceiver(Receiver):
         self._wake.set()
 
     def _take(self, max_messages: int, *, staged: bool = False) -> list[_Record]:
+        if self._moved:
+            self._apply_moved()
         out: list[_Record] = []
         ready, later = self._ready, self._later
         if later:
@@ -605,6 +625,8 @@ class KafkaReceiver(Receiver):
         deadline = math.inf if staged else time.monotonic() + self._settings.ack_timeout
         leased = self._leased
         first = token = self._next_token
+        limit_part: _Part | None = None
+        limit = 0  # limit_part's hand-out window end (no settle can move it meanwhile)
         while ready and len(out) < max_messages:
             qseq, rec = ready.popleft()
             part = rec.part
@@ -616,7 +638,9 @@ class KafkaReceiver(Receiver):
             gate = part.gate
             if group is not None and (gate.is_busy(group) or gate.head(group) != rec.offset):
                 continue
-            if rec.offset >= part.commit_point() + WINDOW:
+            if part is not limit_part:
+                limit_part, limit = part, part.commit_point() + WINDOW
+            if rec.offset >= limit:
                 heapq.heappush(part.parked, (rec.offset, rec.qseq, rec))
                 continue
             if group is not None:
@@ -680,6 +704,8 @@ class KafkaReceiver(Receiver):
         """
         if self._closed or self._staging is not None or self._staged:
             return
+        if self._moved:
+            self._apply_moved()
         if not self._ready and not self._later:
             return
         taken = self._take(max_messages, staged=True)
@@ -694,30 +720,35 @@ class KafkaReceiver(Receiver):
             self._staging = None
 
     def _hand_over_staged(self, max_messages: int) -> list[_Record]:
-        """Start the lease of staged records the count commit covered."""
-        if not self._staged:
+        """Start the lease of staged records the count commit covered.
+
+        They keep the tokens ``_take`` gave them (consecutive, ascending in staging
+        order), so one lease entry per run of consecutive tokens names them and the
+        token -> record dict is not touched.
+        """
+        staged = self._staged
+        if not staged:
             return []
         out: list[_Record] = []
         rest: list[_Record] = []
-        for rec in self._staged:
+        for rec in staged:
             part = rec.part
             if not rec.token or part.gone or part.records.get(rec.offset) is not rec:
                 continue
             (out if len(out) < max_messages else rest).append(rec)
         self._staged = rest
         if out:
-            # new consecutive tokens, so that one lease entry names them all
             deadline = time.monotonic() + self._settings.ack_timeout
-            leased = self._leased
-            first = token = self._next_token
+            leases, seq = self._leases, self._seq
+            first = end = out[0].token
             for rec in out:
-                del leased[rec.token]
-                rec.token = token
-                leased[token] = rec
                 rec.deadline = deadline
-                token += 1
-            self._next_token = token
-            heapq.heappush(self._leases, (deadline, next(self._seq), first, token))
+                token = rec.token
+                if token != end:  # a gap (one given back meanwhile): a new run
+                    heapq.heappush(leases, (deadline, next(seq), first, end))
+                    first = token
+                end = token + 1
+            heapq.heappush(leases, (deadline, next(seq), first, end))
         return out
 
     def _unstage(self, parts: Sequence[_Part] | None = None) -> None:
@@ -805,12 +836,28 @@ class KafkaReceiver(Receiver):
             nxt = part.gate.done(rec.fifo_group)
             if nxt is not None:
                 self._push(records[nxt], records[nxt].due)
-        if part.low not in records:  # the commit point may have moved up
-            self._commit_moved(part)
+        if part.low not in records and not part.moved:  # the commit point may have moved up
+            part.moved = True
+            if not self._moved:
+                self._loop.call_soon(self._apply_moved)
+            self._moved.append(part)
         part.dirty = True
         if self._flush_handle is None:
             self._schedule_flush()
         self._wake.set()
+
+    def _apply_moved(self) -> None:
+        """``_commit_moved`` for every partition whose commit point settles may have moved.
+
+        A run of in-order acks moves the commit point on every ack: the window and
+        flow-control checks run once per run instead, before the next ``_take`` or
+        on the next loop iteration, whichever comes first.
+        """
+        moved, self._moved = self._moved, []
+        for part in moved:
+            part.moved = False
+            if not part.gone:
+                self._commit_moved(part)
 
     def _commit_moved(self, part: _Part) -> None:
         """Bring parked records into the window; tell the thread when it may resume fetching."""
@@ -818,11 +865,12 @@ class KafkaReceiver(Receiver):
         limit = commit + WINDOW
         beyond = part.beyond
         if beyond:
-            records = part.records
+            records, ready, seq = part.records, self._ready, self._seq
             while beyond and beyond[0].offset < limit:
                 other = beyond.popleft()
                 if records.get(other.offset) is other:
-                    self._push(other, 0.0)
+                    other.qseq = qseq = next(seq)  # _push, inlined: due now
+                    ready.append((qseq, other))
         parked = part.parked
         if parked:
             records = part.records
@@ -862,7 +910,10 @@ class KafkaReceiver(Receiver):
 
     async def ack(self, delivery: Delivery) -> None:
         """ack -> settled in memory; the commit follows within ack_flush_interval."""
-        self._settle(self._held(delivery))
+        rec = self._leased.get(delivery.receipt)
+        if rec is None or rec.part.gone or time.monotonic() > rec.deadline:
+            rec = self._held(delivery)  # raises LeaseExpired
+        self._settle(rec)
 
     async def nack(self, delivery: Delivery, delay: float) -> None:
         """nack -> held in memory until due; the group stays blocked; due time committed."""

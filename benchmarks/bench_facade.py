@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from brokerkit._bench import drain_rate
 from brokerkit._consumer import Consumer
 from brokerkit.backends.base import NO_HEADERS, Delivery, Receiver
 
@@ -74,16 +75,9 @@ async def facade_loop(count: int) -> float:
         dead_letters=False,
     )
     consumer._receiver = _NoOpReceiver()
-    started = time.perf_counter()
-    got = 0
-    async for msg in consumer:
-        await msg.ack()
-        got += 1
-        if got == count:
-            break
-    elapsed = time.perf_counter() - started
+    rate = await drain_rate(consumer, count)
     await consumer.aclose()
-    return elapsed / count * 1e6
+    return 1e6 / rate
 
 
 async def bare_loop(count: int) -> float:

@@ -44,16 +44,21 @@ async def publish_rate(broker: brokerkit.Broker, queue: str, count: int, body: b
 async def consume_rate(broker: brokerkit.Broker, queue: str, count: int, prefetch: int) -> float:
     """Messages per second to receive and ack ``count`` messages, timed from the first one."""
     async with broker.consumer(queue, "bench", prefetch=prefetch) as consumer:
-        first = await consumer.__anext__()
-        started = time.perf_counter()
-        await first.ack()
-        got = 1
-        async for msg in consumer:
-            await msg.ack()
-            got += 1
-            if got == count:
-                break
-        return (count - 1) / (time.perf_counter() - started)
+        return await drain_rate(consumer, count)
+
+
+async def drain_rate(consumer: brokerkit.Consumer, count: int) -> float:
+    """Receive and ack ``count`` messages one by one; per second, timed from the first."""
+    first = await consumer.__anext__()
+    started = time.perf_counter()
+    await first.ack()
+    got = 1
+    async for msg in consumer:
+        await msg.ack()
+        got += 1
+        if got == count:
+            break
+    return (count - 1) / (time.perf_counter() - started)
 
 
 async def run_bench(

@@ -15,49 +15,10 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
-from brokerkit._url import BrokerURL
-from brokerkit.backends.base import Delivery, ReceiverSettings
-from brokerkit.backends.kafka import KafkaBackend
-from brokerkit.backends.kafka._receiver import RESUME_SPAN, WINDOW, KafkaReceiver
+from _kafka_loop import TOPIC, StubMessage, close, make_receiver
 
-TOPIC = "brokerkit.q"
-
-
-class _Msg:
-    """What ``_ingest`` reads of a confluent-kafka ``Message``."""
-
-    def __init__(self, offset: int, partition: int = 0) -> None:
-        self._offset, self._partition = offset, partition
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def headers(self) -> None:
-        return None
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_000)
-
-    def value(self) -> bytes:
-        return f"{self._partition}:{self._offset}".encode()
-
-
-async def _receiver(partitions: int = 1, ack_timeout: float = 30.0) -> KafkaReceiver:
-    backend = KafkaBackend.from_url(BrokerURL.parse("kafka://127.0.0.1:9092"))
-    settings = ReceiverSettings(ack_timeout=ack_timeout, max_attempts=5, prefetch=500)
-    receiver = KafkaReceiver(backend, "q", TOPIC, "brokerkit.q.g", settings)
-    keys = [(TOPIC, p) for p in range(partitions)]
-    receiver._assigned.update(keys)
-    receiver._assigned_on_loop([(key, 0, 0, None) for key in keys])
-    return receiver
-
-
-def _close(receiver: KafkaReceiver) -> None:
-    if receiver._flush_handle is not None:
-        receiver._flush_handle.cancel()
+from brokerkit.backends.base import Delivery
+from brokerkit.backends.kafka._receiver import RESUME_SPAN, WINDOW
 
 
 async def _next_iteration() -> None:
@@ -66,9 +27,9 @@ async def _next_iteration() -> None:
 
 
 async def test_in_order_acks_move_the_window_once_on_the_next_loop_iteration() -> None:
-    receiver = await _receiver()
+    receiver = await make_receiver()
     part = receiver._parts[(TOPIC, 0)]
-    receiver._ingest([_Msg(o) for o in range(600)])
+    receiver._ingest([StubMessage(o) for o in range(600)])
     deliveries = receiver._deliveries(receiver._take(500))
     assert len(deliveries) == WINDOW
     assert not receiver._ready and len(part.beyond) == 600 - WINDOW
@@ -81,12 +42,12 @@ async def test_in_order_acks_move_the_window_once_on_the_next_loop_iteration() -
     await _next_iteration()
     assert not receiver._moved and not part.moved
     assert [rec.offset for _, rec in receiver._ready] == list(range(WINDOW, WINDOW + 50))
-    _close(receiver)
+    close(receiver)
 
 
 async def test_a_take_right_after_acks_sees_the_moved_window() -> None:
-    receiver = await _receiver()
-    receiver._ingest([_Msg(o) for o in range(300)])
+    receiver = await make_receiver()
+    receiver._ingest([StubMessage(o) for o in range(300)])
     deliveries = receiver._deliveries(receiver._take(500))
     for delivery in deliveries:
         await receiver.ack(delivery)
@@ -95,13 +56,13 @@ async def test_a_take_right_after_acks_sees_the_moved_window() -> None:
     assert not receiver._moved
     await _next_iteration()  # the scheduled callback finds nothing left to do
     assert not receiver._ready
-    _close(receiver)
+    close(receiver)
 
 
 async def test_acks_below_the_resume_mark_kick_the_consumer_thread_promptly() -> None:
-    receiver = await _receiver()
+    receiver = await make_receiver()
     key = (TOPIC, 0)
-    receiver._ingest([_Msg(o) for o in range(RESUME_SPAN + 100)])
+    receiver._ingest([StubMessage(o) for o in range(RESUME_SPAN + 100)])
     assert receiver._backlog[key][0] == RESUME_SPAN + 100
     deliveries = receiver._deliveries(receiver._take(500))
     for delivery in deliveries:
@@ -110,15 +71,15 @@ async def test_acks_below_the_resume_mark_kick_the_consumer_thread_promptly() ->
     # (fetching may have been paused: the thread is told without waiting for a flush)
     assert receiver._kick.is_set()
     assert receiver._backlog[key][0] == RESUME_SPAN + 100 - WINDOW
-    _close(receiver)
+    close(receiver)
 
 
 async def test_staged_records_keep_their_tokens_and_a_gap_splits_the_lease_entry() -> None:
-    receiver = await _receiver(partitions=2, ack_timeout=5.0)
+    receiver = await make_receiver(partitions=2, ack_timeout=5.0)
     # ready order p0 0-2, p1 0-2, p0 3-5: staged tokens 1-3 (p0), 4-6 (p1), 7-9 (p0)
-    receiver._ingest([_Msg(o, 0) for o in range(3)])
-    receiver._ingest([_Msg(o, 1) for o in range(3)])
-    receiver._ingest([_Msg(o, 0) for o in range(3, 6)])
+    receiver._ingest([StubMessage(o, 0) for o in range(3)])
+    receiver._ingest([StubMessage(o, 1) for o in range(3)])
+    receiver._ingest([StubMessage(o, 0) for o in range(3, 6)])
     staged = receiver._take(9, staged=True)
     receiver._staged = staged
     assert [rec.token for rec in staged] == list(range(1, 10))
@@ -150,19 +111,19 @@ async def test_staged_records_keep_their_tokens_and_a_gap_splits_the_lease_entry
         (1, 1, 1),
         (1, 2, 1),
     ]
-    _close(receiver)
+    close(receiver)
 
 
 async def test_a_partial_hand_over_keeps_the_rest_staged_in_token_order() -> None:
-    receiver = await _receiver()
-    receiver._ingest([_Msg(o) for o in range(10)])
+    receiver = await make_receiver()
+    receiver._ingest([StubMessage(o) for o in range(10)])
     receiver._staged = receiver._take(10, staged=True)
     first = receiver._hand_over_staged(4)
     rest = receiver._hand_over_staged(10)
     assert [rec.offset for rec in first] == [0, 1, 2, 3]
     assert [rec.offset for rec in rest] == list(range(4, 10))
     assert sorted((f, e) for _, _, f, e in receiver._leases) == [(1, 5), (5, 11)]
-    _close(receiver)
+    close(receiver)
 
 
 class _NoConsumer:
@@ -170,7 +131,7 @@ class _NoConsumer:
 
 
 async def test_a_call_to_a_hot_thread_hands_over_and_returns_the_result() -> None:
-    receiver = await _receiver()
+    receiver = await make_receiver()
     stop = threading.Event()
 
     def thread() -> None:  # the consumer thread's hot cycle, commands only
@@ -190,4 +151,4 @@ async def test_a_call_to_a_hot_thread_hands_over_and_returns_the_result() -> Non
     finally:
         stop.set()
         worker.join(5.0)
-    _close(receiver)
+    close(receiver)

@@ -14,58 +14,20 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
+from _kafka_loop import TOPIC, StubMessage, close, make_receiver
+
 from brokerkit._errors import LeaseExpired
-from brokerkit._url import BrokerURL
-from brokerkit.backends.base import Delivery, ReceiverSettings
-from brokerkit.backends.kafka import KafkaBackend
-from brokerkit.backends.kafka._receiver import WINDOW, KafkaReceiver
-
-TOPIC = "brokerkit.q"
-
-
-class _Msg:
-    """What ``_ingest`` reads of a confluent-kafka ``Message``."""
-
-    def __init__(self, offset: int, partition: int = 0) -> None:
-        self._offset, self._partition = offset, partition
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def headers(self) -> None:
-        return None
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_000)
-
-    def value(self) -> bytes:
-        return str(self._offset).encode()
-
-
-async def _receiver(ack_timeout: float = 30.0) -> KafkaReceiver:
-    backend = KafkaBackend.from_url(BrokerURL.parse("kafka://127.0.0.1:9092"))
-    settings = ReceiverSettings(ack_timeout=ack_timeout, max_attempts=5, prefetch=500)
-    receiver = KafkaReceiver(backend, "q", TOPIC, "brokerkit.q.g", settings)
-    receiver._assigned.add((TOPIC, 0))
-    receiver._assigned_on_loop([((TOPIC, 0), 0, 0, None)])
-    return receiver
+from brokerkit.backends.base import Delivery
+from brokerkit.backends.kafka._receiver import WINDOW
 
 
 def _offsets(deliveries: list[Delivery]) -> list[int]:
     return [int(d.body) for d in deliveries]
 
 
-def _close(receiver: KafkaReceiver) -> None:
-    if receiver._flush_handle is not None:
-        receiver._flush_handle.cancel()
-
-
 async def test_records_past_the_window_wait_in_order_and_follow_the_commit_point() -> None:
-    receiver = await _receiver()
-    msgs: list[Any] = [_Msg(o) for o in range(1000)]
+    receiver = await make_receiver()
+    msgs: list[Any] = [StubMessage(o) for o in range(1000)]
     receiver._ingest(msgs[:600])
     receiver._ingest(msgs[600:])
     part = receiver._parts[(TOPIC, 0)]
@@ -82,12 +44,12 @@ async def test_records_past_the_window_wait_in_order_and_follow_the_commit_point
     assert seen == list(range(1000))
     assert not part.records and not part.beyond and not receiver._leased
     assert part.commit_point() == 1000
-    _close(receiver)
+    close(receiver)
 
 
 async def test_a_lease_entry_frees_settled_records_and_expires_the_rest() -> None:
-    receiver = await _receiver(ack_timeout=5.0)
-    receiver._ingest([_Msg(o) for o in range(10)])
+    receiver = await make_receiver(ack_timeout=5.0)
+    receiver._ingest([StubMessage(o) for o in range(10)])
     deliveries = receiver._deliveries(receiver._take(10))
     assert _offsets(deliveries) == list(range(10))
     for delivery in deliveries[:4]:
@@ -103,16 +65,16 @@ async def test_a_lease_entry_frees_settled_records_and_expires_the_rest() -> Non
     assert _offsets(again) == list(range(4, 10))
     assert all(d.attempt == 2 for d in again)
     assert all(d.extras["offset"] == int(d.body) for d in again)
-    _close(receiver)
+    close(receiver)
 
 
 async def test_extend_keeps_one_record_past_its_hand_outs_deadline() -> None:
-    receiver = await _receiver(ack_timeout=5.0)
-    receiver._ingest([_Msg(o) for o in range(3)])
+    receiver = await make_receiver(ack_timeout=5.0)
+    receiver._ingest([StubMessage(o) for o in range(3)])
     deliveries = receiver._deliveries(receiver._take(3))
     await receiver.extend(deliveries[1], 60.0)
     receiver._expire_leases(time.monotonic() + 6.0)
     assert list(receiver._leased.values()) == [receiver._held(deliveries[1])]
     with pytest.raises(LeaseExpired):
         receiver._held(deliveries[0])
-    _close(receiver)
+    close(receiver)

@@ -25,7 +25,7 @@ from typing import Any
 
 from brokerkit._bench import drain_rate
 from brokerkit._consumer import Consumer
-from brokerkit.backends.base import NO_HEADERS, Delivery, Receiver
+from brokerkit.backends.base import NO_EXTRAS, NO_HEADERS, Delivery, Receiver
 
 BODY = b"x" * 100
 
@@ -34,7 +34,7 @@ class _NoOpReceiver(Receiver):
     async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
         await asyncio.sleep(0)  # a fetch yields to the loop once, as a real one would
         return [
-            Delivery(str(i), BODY, NO_HEADERS, None, None, 1, i, NO_HEADERS)
+            Delivery(str(i), BODY, NO_HEADERS, None, None, 1, i, NO_EXTRAS)
             for i in range(max_messages)
         ]
 

@@ -35,11 +35,22 @@ from typing import Any, ClassVar
 from brokerkit._message import Outgoing, PublishResult
 from brokerkit._url import BrokerURL
 
-__all__ = ["NO_HEADERS", "Backend", "Capabilities", "Delivery", "Receiver", "ReceiverSettings"]
+__all__ = [
+    "NO_EXTRAS",
+    "NO_HEADERS",
+    "Backend",
+    "Capabilities",
+    "Delivery",
+    "Receiver",
+    "ReceiverSettings",
+]
 
-NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+NO_HEADERS: Mapping[str, str] = _EMPTY
 """The headers of every delivery without any: one shared, read-only mapping (no dict to
 allocate, and so none for the garbage collector to scan, per message)."""
+NO_EXTRAS: Mapping[str, Any] = _EMPTY
+"""The extras of every delivery without any (the same shared, read-only mapping)."""
 
 
 @dataclass(frozen=True, slots=True)

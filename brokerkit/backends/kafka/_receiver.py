@@ -841,10 +841,7 @@ class KafkaReceiver(Receiver):
             if not self._moved:
                 self._loop.call_soon(self._apply_moved)
             self._moved.append(part)
-        part.dirty = True
-        if self._flush_handle is None:
-            self._schedule_flush()
-        self._wake.set()
+        self._mark_dirty(part)
 
     def _apply_moved(self) -> None:
         """``_commit_moved`` for every partition whose commit point settles may have moved.
@@ -865,12 +862,11 @@ class KafkaReceiver(Receiver):
         limit = commit + WINDOW
         beyond = part.beyond
         if beyond:
-            records, ready, seq = part.records, self._ready, self._seq
+            records = part.records
             while beyond and beyond[0].offset < limit:
                 other = beyond.popleft()
                 if records.get(other.offset) is other:
-                    other.qseq = qseq = next(seq)  # _push, inlined: due now
-                    ready.append((qseq, other))
+                    self._push(other, 0.0)
         parked = part.parked
         if parked:
             records = part.records
@@ -910,10 +906,7 @@ class KafkaReceiver(Receiver):
 
     async def ack(self, delivery: Delivery) -> None:
         """ack -> settled in memory; the commit follows within ack_flush_interval."""
-        rec = self._leased.get(delivery.receipt)
-        if rec is None or rec.part.gone or time.monotonic() > rec.deadline:
-            rec = self._held(delivery)  # raises LeaseExpired
-        self._settle(rec)
+        self._settle(self._held(delivery))
 
     async def nack(self, delivery: Delivery, delay: float) -> None:
         """nack -> held in memory until due; the group stays blocked; due time committed."""

@@ -7,14 +7,13 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from redis import exceptions as rex
 from redis.asyncio import Redis
 
 from brokerkit._message import Outgoing
-from brokerkit.backends.base import NO_HEADERS, Delivery
+from brokerkit.backends.base import NO_EXTRAS, NO_HEADERS, Delivery
 
 __all__ = [
     "FIFO_ID_PREFIX",
@@ -87,9 +86,6 @@ def encode_outgoing(msg: Outgoing) -> list[bytes]:
     return encode_entry(msg.body, msg.fifo_group, msg.dedup_id, msg.headers)
 
 
-_NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})
-
-
 FIFO_ID_PREFIX = "f:"
 """Public ids of entries of a fifo twin stream start with this (the twins' ids may collide)."""
 
@@ -109,7 +105,7 @@ def decode_plain(entries: Iterable[Any], holds_until: float = math.inf) -> list[
         if len(flat) == 2 and flat[0] == F_BODY:
             receipt = (entry_id, 1, holds_until)
             append(
-                Delivery(entry_id.decode(), flat[1], NO_HEADERS, None, None, 1, receipt, _NO_EXTRAS)
+                Delivery(entry_id.decode(), flat[1], NO_HEADERS, None, None, 1, receipt, NO_EXTRAS)
             )
             continue
         if isinstance(flat, Mapping):
@@ -150,7 +146,7 @@ def decode_entry(
         dedup_id=dedup_id,
         attempt=count,
         receipt=(entry_id, count, holds_until),
-        extras=_NO_EXTRAS,
+        extras=NO_EXTRAS,
     )
 
 

@@ -394,14 +394,25 @@ class _Batch:
 
     Reports are served by ``poll`` on the poll thread or on the event loop's
     thread (``publish`` polls too). Each stores its record's ``Message``; the
-    last one wakes the event loop once (one ``call_soon_threadsafe`` per batch,
-    not one future per record). The ids are built on the loop in ``results``.
+    last one completes the batch's future: at once when served on the loop's own
+    thread, else with one ``call_soon_threadsafe`` per batch (not one future per
+    record). The ids are built on the loop in ``results``.
     """
 
-    __slots__ = ("_counted", "_error", "_hosts", "_last", "_loop", "future", "reports")
+    __slots__ = (
+        "_counted",
+        "_error",
+        "_hosts",
+        "_last",
+        "_loop",
+        "_loop_thread",
+        "future",
+        "reports",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, hosts: Sequence[HostPort]):
         self._loop = loop
+        self._loop_thread = threading.get_ident()  # made on the loop's thread
         self._hosts = hosts
         self._counted = itertools.count()
         """Each report (and each record ``shrink`` gives up on) takes one number;
@@ -434,6 +445,10 @@ class _Batch:
         return publish_results([f"{m.partition()}-{m.offset()}" for m in self.reports])
 
     def _wake(self) -> None:
+        if threading.get_ident() == self._loop_thread:
+            # served by a poll(0) of publish: no self-pipe write, no extra loop turn
+            self._finish()
+            return
         try:
             self._loop.call_soon_threadsafe(self._finish)
         except RuntimeError:  # the event loop is gone: nobody awaits this batch

@@ -1,0 +1,84 @@
+"""``_Batch``, the delivery reports of one Kafka ``publish``: who completes its future.
+
+No broker: the reports are fed by hand, from the loop's thread (as ``publish``'s own
+``poll(0)``/``flush`` serve them) and from another thread (as the poll thread does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+pytest.importorskip("confluent_kafka")
+
+from confluent_kafka import KafkaError
+
+from brokerkit._errors import BrokerkitError
+from brokerkit._url import HostPort
+from brokerkit.backends.kafka._backend import _Batch
+
+HOSTS = (HostPort("127.0.0.1", 9092),)
+
+
+class _Report:
+    """A stand-in of the confluent-kafka ``Message`` of a delivery report."""
+
+    def __init__(self, partition: int, offset: int) -> None:
+        self._partition, self._offset = partition, offset
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+async def test_reports_served_on_the_loop_thread_complete_the_batch_at_once() -> None:
+    batch = _Batch(asyncio.get_running_loop(), 2, HOSTS)
+    batch.report(0, None, _Report(3, 10))
+    assert not batch.future.done()  # one report still missing
+    batch.report(1, None, _Report(3, 11))
+    # no loop turn in between: publish's own poll(0)/flush needs no self-pipe wake-up
+    assert batch.future.done()
+    await batch.future
+    assert [r.id for r in batch.results()] == ["3-10", "3-11"]
+
+
+async def test_reports_served_on_another_thread_wake_the_loop() -> None:
+    batch = _Batch(asyncio.get_running_loop(), 2, HOSTS)
+
+    def poll_thread() -> None:
+        batch.report(1, None, _Report(0, 5))
+        batch.report(0, None, _Report(0, 4))
+
+    thread = threading.Thread(target=poll_thread)
+    thread.start()
+    thread.join()
+    assert not batch.future.done()  # completed on the loop, by call_soon_threadsafe
+    await asyncio.wait_for(batch.future, 5.0)
+    assert [r.id for r in batch.results()] == ["0-4", "0-5"]
+
+
+async def test_a_failed_report_fails_the_whole_batch_on_either_path() -> None:
+    loop = asyncio.get_running_loop()
+    failed = KafkaError(KafkaError._MSG_TIMED_OUT)
+    here = _Batch(loop, 2, HOSTS)
+    here.report(0, failed, None)
+    here.report(1, None, _Report(0, 1))
+    with pytest.raises(BrokerkitError):
+        await here.future
+    there = _Batch(loop, 1, HOSTS)
+    thread = threading.Thread(target=there.report, args=(0, failed, None))
+    thread.start()
+    thread.join()
+    with pytest.raises(BrokerkitError):
+        await asyncio.wait_for(there.future, 5.0)
+
+
+async def test_a_shrunk_batch_completes_once_the_produced_records_reported() -> None:
+    batch = _Batch(asyncio.get_running_loop(), 3, HOSTS)
+    batch.report(0, None, _Report(0, 7))
+    batch.shrink(1)  # the second produce call failed: two records never handed over
+    assert batch.future.done()

@@ -20,6 +20,11 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
   per batch. For information: the closest raw equivalent of per-message acks.
 * bk pub: ``publish_many`` in batches of 500, each awaited (all delivery reports in).
 * bk con: a consumer (prefetch 500), ``async for msg`` + ``await msg.ack()`` per message.
+* bk recv: the Kafka backend's ``Receiver`` alone, without the facade (no ``Message``,
+  no read-ahead, no ``async for``): ``receive(500)`` + ``await receiver.ack(d)`` per
+  delivery, a new group on bk con's queue. For information: the most any batch or
+  lighter facade API could get out of this backend; the rest of the gap to raw con is
+  the backend's per-record bookkeeping and its count commit before each hand-out.
 
 Prints the median of each and the brokerkit / raw ratios (against raw con).
 """
@@ -36,6 +41,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 import brokerkit
 from brokerkit._bench import consume_rate, publish_rate, summary
+from brokerkit.backends.base import ReceiverSettings
 
 BODY = b"x" * 100
 BATCH = 500
@@ -121,6 +127,27 @@ async def bk_consume(url: str, queue: str, n: int) -> float:
         return await consume_rate(broker, queue, n + 1, BATCH)  # + the warm-up message
 
 
+async def bk_receive(url: str, queue: str, n: int) -> float:
+    """The backend's receiver alone (see the module docstring), timed from the first batch."""
+    async with brokerkit.connect(url) as broker:
+        await broker.open()
+        receiver = await broker.backend.subscribe(
+            queue, "bench-recv", ReceiverSettings(ack_timeout=30.0, max_attempts=5, prefetch=BATCH)
+        )
+        try:
+            got, start = 0, 0.0
+            while got < n:
+                deliveries = await receiver.receive(BATCH, 1.0)
+                if deliveries and not start:
+                    start = time.perf_counter()
+                for delivery in deliveries:
+                    await receiver.ack(delivery)
+                got += len(deliveries)
+            return n / (time.perf_counter() - start)
+        finally:
+            await receiver.aclose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", default="kafka://127.0.0.1:9092")
@@ -128,7 +155,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     servers = args.url.removeprefix("kafka://").split("?")[0]
-    names = ("raw pub", "raw pub/batch", "bk pub", "raw con", "raw con/store", "bk con")
+    names = ("raw pub", "raw pub/batch", "bk pub", "raw con", "raw con/store", "bk con", "bk recv")
     rates: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(args.runs):
         topic = f"bench-{uuid.uuid4().hex[:8]}"
@@ -142,11 +169,13 @@ def main() -> None:
         queue = f"bench-{uuid.uuid4().hex[:8]}"
         rates["bk pub"].append(asyncio.run(bk_publish(args.url, queue, args.n)))
         rates["bk con"].append(asyncio.run(bk_consume(args.url, queue, args.n)))
+        rates["bk recv"].append(asyncio.run(bk_receive(args.url, queue, args.n + 1)))
     ratios = [
         ("publish", "bk pub", "raw pub"),
         ("publish vs raw pub/batch", "bk pub", "raw pub/batch"),
         ("consume", "bk con", "raw con"),
         ("consume vs raw store", "bk con", "raw con/store"),
+        ("receiver alone", "bk recv", "raw con"),
     ]
     print(summary(rates, ratios, title=f"{args.runs} runs, {args.n} x {len(BODY)} B messages"))
 

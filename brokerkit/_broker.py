@@ -8,7 +8,7 @@ from types import TracebackType
 
 from brokerkit._consumer import Consumer, check_consumer_args
 from brokerkit._dlq import split_envelope
-from brokerkit._errors import ResourceClosed
+from brokerkit._errors import InvalidArgument, ResourceClosed
 from brokerkit._message import Outgoing, PublishResult
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
@@ -197,6 +197,25 @@ class Broker:
         )
         self._consumers.add(consumer)
         return consumer
+
+    async def delete_queue(self, queue: str) -> None:
+        """Delete ``queue`` and its DLQ on the broker: their messages and every group's state.
+
+        For tests and tooling (``brokerkit check`` deletes the queues it made). Idempotent:
+        a queue that does not exist is fine. Close this connection's consumers of the queue
+        first (InvalidArgument otherwise); consumers elsewhere find the queue gone or made
+        anew, as the broker does it. UnsupportedFeature on a backend that cannot delete.
+        """
+        check_name("queue", queue)
+        if self._closed:
+            raise ResourceClosed(f"{self!r} is closed")
+        open_here = [c for c in self._consumers if c.queue == queue]
+        if open_here:
+            raise InvalidArgument(
+                f"close the {len(open_here)} open consumer(s) of queue {queue!r} before deleting it"
+            )
+        backend = await self._opened_backend()
+        await backend.delete_queue(queue)
 
     async def redrive(self, queue: str, limit: int | None = None) -> int:
         """Move dead messages back to ``queue``, oldest first, keeping fifo_group order.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -74,9 +75,43 @@ async def broker(connect: Connect) -> brokerkit.Broker:
     return await connect()
 
 
+@pytest_asyncio.fixture(autouse=True)
+async def made_queues(request: pytest.FixtureRequest) -> AsyncIterator[list[str]]:
+    """The queues a test made (``queue``, ``new_queue``): deleted on its broker afterwards.
+
+    Autouse, so it is set up first and torn down last: after ``connect`` closed every
+    connection (and consumer) of the test. A broker the check runs against keeps no
+    topics, streams or keys of ours. A failed delete is a warning, not a failed behaviour.
+    """
+    made: list[str] = []
+    yield made
+    if not made or "broker_url" not in request.fixturenames:
+        return
+    url = request.getfixturevalue("broker_url")
+    try:
+        async with brokerkit.connect(url) as broker:
+            for name in made:
+                await broker.delete_queue(name)
+    except brokerkit.UnsupportedFeature:
+        pass  # a backend without delete_queue: nothing to clean up with
+    except Exception as exc:
+        warnings.warn(f"could not delete the test queues {made} on {url}: {exc!r}", stacklevel=1)
+
+
 @pytest.fixture
-def queue() -> str:
-    return fresh("q")
+def new_queue(made_queues: list[str]) -> Callable[[str | None], str]:
+    """``new_queue(name=None)``: one more queue for the test (a fresh name unless given)."""
+
+    def make(name: str | None = None) -> str:
+        made_queues.append(name or fresh("q"))
+        return made_queues[-1]
+
+    return make
+
+
+@pytest.fixture
+def queue(new_queue: Callable[[str | None], str]) -> str:
+    return new_queue(None)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -37,9 +38,9 @@ async def test_dedup_same_id_is_delivered_once_even_after_ack(
 
 @pytest.mark.behaviour("dedup")
 async def test_dedup_ids_are_per_queue_and_absent_ids_never_dedup(
-    broker: brokerkit.Broker, queue: str, group: str
+    broker: brokerkit.Broker, queue: str, group: str, new_queue: Callable[[str | None], str]
 ) -> None:
-    other = queue + "-other"
+    other = new_queue(queue + "-other")  # a name that starts with the other's
     await broker.publish(queue, b"a", dedup_id="same")
     await broker.publish(other, b"b", dedup_id="same")
     await broker.publish(queue, b"plain")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from brokerkit._errors import UnsupportedFeature
 from brokerkit._message import Outgoing, PublishResult
 from brokerkit._url import BrokerURL
 
@@ -209,6 +210,15 @@ class Backend(ABC):
         the original id where the broker can tell it. ``fifo_group`` messages
         are later delivered in this order. Inputs are already validated.
         """
+
+    async def delete_queue(self, queue: str) -> None:
+        """Delete ``queue`` and its DLQ on the broker: messages, consumer-group state, all.
+
+        Idempotent (a queue that was never created is fine); the facade has closed this
+        connection's consumers of the queue first. A backend that cannot delete queues
+        keeps this default.
+        """
+        raise UnsupportedFeature(f"{type(self).__name__} cannot delete queues")
 
     @abstractmethod
     async def subscribe(

@@ -224,6 +224,10 @@ class MemoryBackend(Backend):
             results.append(PublishResult(entry.id, duplicate=False))
         return results
 
+    async def delete_queue(self, queue: str) -> None:
+        """Forget the queue (its log, DLQ, groups, dedup memory); the next use starts anew."""
+        self._hub.queues.pop(queue, None)
+
     async def subscribe(
         self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
     ) -> Receiver:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from brokerkit._fifo import GroupGate
 from brokerkit._options import Options, parse_options
 from brokerkit._registry import backend_class, known_schemes
 from brokerkit._validate import check_headers, check_name, check_seconds, check_token
+from brokerkit.backends.base import Backend
 from brokerkit.backends.memory import MemoryBackend
 
 
@@ -175,3 +177,21 @@ def test_publish_results_fast_path_makes_ordinary_frozen_results() -> None:
     assert all(type(r) is PublishResult and r.duplicate is None for r in fast)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast[0].id = "x"  # type: ignore[misc]
+
+
+class _NoDeleteBackend(MemoryBackend):
+    """A backend that keeps the base class's ``delete_queue``, as third-party ones may."""
+
+    delete_queue = Backend.delete_queue
+
+
+async def test_delete_queue_without_backend_support_is_unsupported_and_keeps_messages() -> None:
+    backend = _NoDeleteBackend.from_url(brokerkit.BrokerURL.parse("memory://no-delete"))
+    async with brokerkit.from_backend(backend) as broker:
+        await broker.publish("kept", b"still here")
+        with pytest.raises(brokerkit.UnsupportedFeature, match="cannot delete"):
+            await broker.delete_queue("kept")
+        async with broker.consumer("kept", "g") as consumer:
+            msg = await asyncio.wait_for(consumer.__anext__(), 5.0)
+            assert msg.body == b"still here"
+            await msg.ack()

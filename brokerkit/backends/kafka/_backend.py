@@ -16,11 +16,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -171,22 +172,45 @@ class KafkaBackend(Backend):
                 operation_timeout=10,
                 request_timeout=15,
             )
-            for fut in futures.values():
-                try:
-                    fut.result()
-                except KafkaException as exc:
-                    err = exc.args[0] if exc.args else None
-                    exists = isinstance(err, KafkaError) and (
-                        err.code() == KafkaError.TOPIC_ALREADY_EXISTS
-                    )
-                    if not exists:
-                        raise
+            _results(futures.values(), KafkaError.TOPIC_ALREADY_EXISTS)
             deadline = time.monotonic() + _TOPIC_READY_TIMEOUT
             for name in wanted:
                 while not self._topic_ready(admin, name):
                     if time.monotonic() > deadline:
                         raise BrokerkitError(f"kafka: topic {name!r} is not in the metadata")
                     time.sleep(0.05)
+        except BrokerkitError:
+            raise
+        except Exception as exc:
+            raise map_error(exc, self.hosts) from exc
+
+    async def delete_queue(self, queue: str) -> None:
+        """``delete_topics`` of the queue's topic and DLQ topic, awaited until the metadata
+        no longer lists them (so a new first use creates them anew); then
+        ``delete_consumer_groups`` of the queue's groups that have no members left."""
+        self._topics.pop(queue, None)
+        await asyncio.to_thread(self._delete_topics, queue)
+
+    def _delete_topics(self, queue: str) -> None:
+        admin = self._live_admin()
+        names = [self.topic(queue), self.topic(queue, dead_letters=True)]
+        try:
+            deleted = admin.delete_topics(names, operation_timeout=10, request_timeout=15)
+            _results(deleted.values(), KafkaError.UNKNOWN_TOPIC_OR_PART)
+            deadline = time.monotonic() + _TOPIC_READY_TIMEOUT
+            while any(name in admin.list_topics(timeout=5).topics for name in names):
+                if time.monotonic() > deadline:
+                    raise BrokerkitError(f"kafka: topics {names} are still listed after deletion")
+                time.sleep(0.05)
+            prefixes = tuple(f"{name}." for name in names)
+            listing = admin.list_consumer_groups(request_timeout=15).result()
+            groups = [g.group_id for g in listing.valid if g.group_id.startswith(prefixes)]
+            if groups:
+                _results(
+                    admin.delete_consumer_groups(groups, request_timeout=15).values(),
+                    KafkaError.GROUP_ID_NOT_FOUND,
+                    KafkaError.NON_EMPTY_GROUP,  # a member elsewhere; its offsets went anyway
+                )
         except BrokerkitError:
             raise
         except Exception as exc:
@@ -461,6 +485,17 @@ class _Batch:
             self.future.set_exception(map_error(KafkaException(self._error), self._hosts))
         else:
             self.future.set_result(None)
+
+
+def _results(futures: Iterable[concurrent.futures.Future[Any]], *fine: int) -> None:
+    """Wait for admin futures; a ``KafkaException`` whose code is in ``fine`` is success."""
+    for fut in futures:
+        try:
+            fut.result()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and err.code() in fine):
+                raise
 
 
 def _retrieve(fut: asyncio.Future[None]) -> None:

@@ -251,6 +251,20 @@ class NatsBackend(Backend):
         """Drop a cached stream (it vanished on the server): the next use recreates it."""
         self._layouts.pop((queue, dead_letters), None)
 
+    async def delete_queue(self, queue: str) -> None:
+        """``delete_stream`` of the queue's stream and its DLQ's (their durable consumers go
+        with them); a stream that is not there is fine."""
+        for dead_letters in (False, True):
+            self.forget_layout(queue, dead_letters)
+            layout = QueueLayout.of(
+                self.options.prefix, queue, dead_letters=dead_letters, partitions=1
+            )
+            with self._mapped(f"delete stream {layout.stream!r}"):
+                try:
+                    await self.js.delete_stream(layout.stream)
+                except nats.js.errors.NotFoundError:
+                    pass
+
     async def _ensure_stream(self, queue: str, dead_letters: bool) -> QueueLayout:
         """add_stream is idempotent for an identical config; another config means it exists.
 

@@ -250,6 +250,26 @@ class RedisBackend(Backend):
         await self.run(create)
         self._groups.add((stream, group))
 
+    async def delete_queue(self, queue: str) -> None:
+        """``DEL`` every key of the queue, found by ``SCAN MATCH <prefix>{queue}:*``: both
+        streams and their fifo twins (with their consumer groups), the groups' due sets,
+        bells and fifo lists, and the dedup keys."""
+        pattern = _glob_escape(self.keys.base(queue)) + ":*"
+
+        async def delete() -> None:
+            found: list[Any] = []
+            async for key in self.client.scan_iter(match=pattern, count=1000):
+                found.append(key)
+                if len(found) >= 500:
+                    await self.client.delete(*found)
+                    found.clear()
+            if found:
+                await self.client.delete(*found)
+
+        await self.run(delete)
+        streams = {self.keys.stream(queue), self.keys.stream(queue, dead_letters=True)}
+        self._groups = {g for g in self._groups if g[0] not in streams}
+
     def forget_group(self, stream: str, group: str) -> None:
         self._groups.discard((stream, group))
 
@@ -271,3 +291,8 @@ class RedisBackend(Backend):
         stream = self.keys.stream(queue, dead_letters)
         await self.ensure_group(stream, group)
         return RedisReceiver(self, stream, self.keys.stream(queue, True), group, settings)
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal inside a ``SCAN MATCH`` pattern (the prefix is the user's)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

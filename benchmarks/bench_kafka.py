@@ -19,6 +19,9 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
   (librdkafka's own per-message "ack") and a synchronous commit of the stored offsets
   per batch. For information: the closest raw equivalent of per-message acks.
 * bk pub: ``publish_many`` in batches of 500, each awaited (all delivery reports in).
+* bk pub x4: the same batches from 4 tasks at once, so that one batch's round trip
+  overlaps the next one's produce loop: what a service publishing from several tasks
+  gets. For information, beside raw pub (which never waits for a batch either).
 * bk con: a consumer (prefetch 500), ``async for msg`` + ``await msg.ack()`` per message.
 * bk recv: the Kafka backend's ``Receiver`` alone, without the facade (no ``Message``,
   no read-ahead, no ``async for``): ``receive(500)`` + ``await receiver.ack(d)`` per
@@ -26,7 +29,8 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
   lighter facade API could get out of this backend; the rest of the gap to raw con is
   the backend's per-record bookkeeping and its count commit before each hand-out.
 
-Prints the median of each and the brokerkit / raw ratios (against raw con).
+Prints the median of each and the brokerkit / raw ratios (against raw con). Every run
+deletes the topics and queues it made, so the broker is left as it was found.
 """
 
 from __future__ import annotations
@@ -122,6 +126,22 @@ async def bk_publish(url: str, queue: str, n: int) -> float:
         return await publish_rate(broker, queue, n, BODY)
 
 
+async def bk_publish_overlapped(url: str, queue: str, n: int, tasks: int = 4) -> float:
+    """``n`` messages in awaited ``publish_many`` batches of ``BATCH``, ``tasks`` at a time."""
+    batch = [brokerkit.Outgoing(BODY) for _ in range(BATCH)]
+    async with brokerkit.connect(url) as broker:
+        await broker.publish(queue, b"warm-up")
+
+        async def worker(batches: int) -> None:
+            for _ in range(batches):
+                await broker.publish_many(queue, batch)
+
+        share, extra = divmod(n // BATCH, tasks)
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(share + (i < extra)) for i in range(tasks)))
+        return (n // BATCH * BATCH) / (time.perf_counter() - start)
+
+
 async def bk_consume(url: str, queue: str, n: int) -> float:
     async with brokerkit.connect(url) as broker:
         return await consume_rate(broker, queue, n + 1, BATCH)  # + the warm-up message
@@ -148,6 +168,18 @@ async def bk_receive(url: str, queue: str, n: int) -> float:
             await receiver.aclose()
 
 
+async def delete_queues(url: str, queues: list[str]) -> None:
+    async with brokerkit.connect(url) as broker:
+        for queue in queues:
+            await broker.delete_queue(queue)
+
+
+def delete_topics(servers: str, topics: list[str]) -> None:
+    admin = AdminClient({"bootstrap.servers": servers})
+    for fut in admin.delete_topics(topics, operation_timeout=10).values():
+        fut.result()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--url", default="kafka://127.0.0.1:9092")
@@ -155,7 +187,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     servers = args.url.removeprefix("kafka://").split("?")[0]
-    names = ("raw pub", "raw pub/batch", "bk pub", "raw con", "raw con/store", "bk con", "bk recv")
+    names = (
+        "raw pub",
+        "raw pub/batch",
+        "bk pub",
+        "bk pub x4",
+        "raw con",
+        "raw con/store",
+        "bk con",
+        "bk recv",
+    )
     rates: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(args.runs):
         topic = f"bench-{uuid.uuid4().hex[:8]}"
@@ -168,11 +209,16 @@ def main() -> None:
         rates["raw con/store"].append(raw_consume(servers, topic, args.n, store_each=True))
         queue = f"bench-{uuid.uuid4().hex[:8]}"
         rates["bk pub"].append(asyncio.run(bk_publish(args.url, queue, args.n)))
+        overlapped = f"bench-{uuid.uuid4().hex[:8]}"
+        rates["bk pub x4"].append(asyncio.run(bk_publish_overlapped(args.url, overlapped, args.n)))
         rates["bk con"].append(asyncio.run(bk_consume(args.url, queue, args.n)))
         rates["bk recv"].append(asyncio.run(bk_receive(args.url, queue, args.n + 1)))
+        delete_topics(servers, [topic, batch_topic])  # leave the broker as we found it
+        asyncio.run(delete_queues(args.url, [queue, overlapped]))
     ratios = [
         ("publish", "bk pub", "raw pub"),
         ("publish vs raw pub/batch", "bk pub", "raw pub/batch"),
+        ("publish x4 vs raw pub", "bk pub x4", "raw pub"),
         ("consume", "bk con", "raw con"),
         ("consume vs raw store", "bk con", "raw con/store"),
         ("receiver alone", "bk recv", "raw con"),

@@ -7,6 +7,7 @@ URL, so brokers can be compared. Quote medians: these machines are noisy.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import uuid
@@ -72,6 +73,8 @@ async def run_bench(
             queue = f"bench-{uuid.uuid4().hex[:12]}"
             publish.append(await publish_rate(broker, queue, messages, body))
             consume.append(await consume_rate(broker, queue, messages, prefetch))
+            with contextlib.suppress(brokerkit.UnsupportedFeature):
+                await broker.delete_queue(queue)  # leave the broker as we found it
     return BenchResult(publish, consume)
 
 

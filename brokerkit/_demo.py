@@ -122,6 +122,8 @@ async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, *handlers, return_exceptions=True)
+        with contextlib.suppress(brokerkit.UnsupportedFeature):
+            await broker.delete_queue(queue)  # the demo leaves nothing on your broker
 
     checks = {
         "alice got one email": story.sent.count("alice@example.com") == 1,

@@ -91,3 +91,19 @@ def test_from_config_takes_the_users_client_settings() -> None:
     assert str(backend.hosts[0]) == "k1:9093"
     with pytest.raises(ConfigError):
         KafkaBackend.from_config({})
+
+
+def test_linger_option_sets_the_producers_linger_and_keeps_the_contracts_settings() -> None:
+    default = KafkaBackend.from_url(BrokerURL.parse("kafka://h1")).producer_config()
+    assert default["linger.ms"] == 2.0
+    low = KafkaBackend.from_url(BrokerURL.parse("kafka://h1?linger=0")).producer_config()
+    assert low["linger.ms"] == 0.0
+    assert (low["acks"], low["enable.idempotence"]) == ("all", True)
+    with pytest.raises(ConfigError, match="linger"):
+        KafkaBackend.from_url(BrokerURL.parse("kafka://h1?linger=-1"))
+    # the user's own client settings: their linger.ms holds, acks=1 does not
+    own = KafkaBackend.from_config({"bootstrap.servers": "k1", "linger.ms": 20, "acks": 1})
+    assert own.producer_config()["linger.ms"] == 20.0
+    assert own.producer_config()["acks"] == "all"
+    keyword = KafkaBackend.from_config({"bootstrap.servers": "k1", "linger.ms": 20}, linger=0.005)
+    assert keyword.producer_config()["linger.ms"] == 5.0

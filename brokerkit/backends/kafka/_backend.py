@@ -1,10 +1,11 @@
 """KafkaBackend: the connection, topics, and publishing (the sync Producer + a poll thread).
 
 * publish -> ``Producer.produce(topic, body, key, headers, on_delivery=...)`` with
-  ``acks=all`` and ``enable.idempotence=true``; a call of 64+ records ends with
-  ``flush(0.001)`` (sent without waiting out ``linger.ms``); returns once every
-  delivery report arrived. The record key is the fifo_group (else the dedup id, else none), so a
-  group, and every copy of a dedup id, lives in one partition.
+  ``acks=all`` and ``enable.idempotence=true``; ``linger.ms`` from ``?linger=`` (2 ms);
+  a call of 64+ records ends with ``flush(0.001)`` (sent without waiting out the
+  linger); returns once every delivery report arrived. The record key is the
+  fifo_group (else the dedup id, else none), so a group, and every copy of a dedup
+  id, lives in one partition.
 * queue -> topic ``<prefix>.<queue>`` (``?partitions=``) plus DLQ topic
   ``<prefix>-dlq.<queue>`` (one partition: total death order), created with the
   AdminClient on first use (TOPIC_ALREADY_EXISTS is success) and awaited in the
@@ -51,8 +52,6 @@ MAX_BODY = 900 * 1024
 """Largest body: librdkafka's ``message.max.bytes`` (1 MB) minus headers, key and framing."""
 
 _TOPIC_READY_TIMEOUT = 15.0
-_LINGER_MS = 2
-"""librdkafka ``linger.ms``: how long a partition's batch waits for more records."""
 _POLL_EVERY = 64
 """``publish`` serves ready delivery reports on its own thread every this many records."""
 _FLUSH_MIN = 64
@@ -117,6 +116,8 @@ class KafkaBackend(Backend):
         servers = conf.get("bootstrap.servers")
         if not isinstance(servers, str) or not servers:
             raise ConfigError("KafkaBackend.from_config needs 'bootstrap.servers'")
+        if "linger.ms" in conf and "linger" not in options:
+            options["linger"] = float(conf["linger.ms"]) / 1000.0  # the user's own setting
         try:
             parsed = KafkaOptions.model_validate(options)
         except Exception as exc:
@@ -147,6 +148,21 @@ class KafkaBackend(Backend):
                 "fetch.wait.max.ms": 100,
                 "enable.partition.eof": False,
                 "error_cb": _on_error,
+            }
+        )
+        return conf
+
+    def producer_config(self) -> dict[str, Any]:
+        """The client settings plus what the contract needs of the producer (durable,
+        ordered, one partitioner for every brokerkit client) and the ``linger`` option."""
+        conf = dict(self._conf)
+        conf.update(
+            {
+                "acks": "all",
+                "enable.idempotence": True,
+                "partitioner": "murmur2_random",
+                "linger.ms": self.options.linger * 1000.0,
+                "message.max.bytes": 1_000_000,
             }
         )
         return conf
@@ -245,18 +261,8 @@ class KafkaBackend(Backend):
         await retry_unavailable(
             probe, what="Kafka", hosts=self.hosts, is_transient=is_transient, deadline=10.0
         )
-        conf = dict(self._conf)
-        conf.update(
-            {
-                "acks": "all",
-                "enable.idempotence": True,
-                "partitioner": "murmur2_random",
-                "linger.ms": _LINGER_MS,
-                "message.max.bytes": 1_000_000,
-            }
-        )
         try:
-            self._producer = Producer(conf)
+            self._producer = Producer(self.producer_config())
         except KafkaException as exc:
             raise map_error(exc, self.hosts) from exc
         self._admin = admin

@@ -107,3 +107,5 @@ def test_linger_option_sets_the_producers_linger_and_keeps_the_contracts_setting
     assert own.producer_config()["acks"] == "all"
     keyword = KafkaBackend.from_config({"bootstrap.servers": "k1", "linger.ms": 20}, linger=0.005)
     assert keyword.producer_config()["linger.ms"] == 5.0
+    with pytest.raises(ConfigError, match=r"linger\.ms"):
+        KafkaBackend.from_config({"bootstrap.servers": "k1", "linger.ms": "soon"})

@@ -116,8 +116,11 @@ class KafkaBackend(Backend):
         servers = conf.get("bootstrap.servers")
         if not isinstance(servers, str) or not servers:
             raise ConfigError("KafkaBackend.from_config needs 'bootstrap.servers'")
-        if "linger.ms" in conf and "linger" not in options:
-            options["linger"] = float(conf["linger.ms"]) / 1000.0  # the user's own setting
+        if "linger.ms" in conf and "linger" not in options:  # the user's own setting holds
+            try:
+                options["linger"] = float(conf["linger.ms"]) / 1000.0
+            except (TypeError, ValueError) as exc:
+                raise ConfigError("KafkaBackend.from_config: 'linger.ms' must be a number") from exc
         try:
             parsed = KafkaOptions.model_validate(options)
         except Exception as exc:

@@ -120,26 +120,10 @@ def raw_consume(servers: str, topic: str, n: int, *, store_each: bool = False) -
     return n / elapsed
 
 
-async def bk_publish(url: str, queue: str, n: int) -> float:
+async def bk_publish(url: str, queue: str, n: int, tasks: int = 1) -> float:
     async with brokerkit.connect(url) as broker:
         await broker.publish(queue, b"warm-up")  # as raw: producer id and metadata first
-        return await publish_rate(broker, queue, n, BODY)
-
-
-async def bk_publish_overlapped(url: str, queue: str, n: int, tasks: int = 4) -> float:
-    """``n`` messages in awaited ``publish_many`` batches of ``BATCH``, ``tasks`` at a time."""
-    batch = [brokerkit.Outgoing(BODY) for _ in range(BATCH)]
-    async with brokerkit.connect(url) as broker:
-        await broker.publish(queue, b"warm-up")
-
-        async def worker(batches: int) -> None:
-            for _ in range(batches):
-                await broker.publish_many(queue, batch)
-
-        share, extra = divmod(n // BATCH, tasks)
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(share + (i < extra)) for i in range(tasks)))
-        return (n // BATCH * BATCH) / (time.perf_counter() - start)
+        return await publish_rate(broker, queue, n, BODY, tasks=tasks)
 
 
 async def bk_consume(url: str, queue: str, n: int) -> float:
@@ -210,7 +194,7 @@ def main() -> None:
         queue = f"bench-{uuid.uuid4().hex[:8]}"
         rates["bk pub"].append(asyncio.run(bk_publish(args.url, queue, args.n)))
         overlapped = f"bench-{uuid.uuid4().hex[:8]}"
-        rates["bk pub x4"].append(asyncio.run(bk_publish_overlapped(args.url, overlapped, args.n)))
+        rates["bk pub x4"].append(asyncio.run(bk_publish(args.url, overlapped, args.n, tasks=4)))
         rates["bk con"].append(asyncio.run(bk_consume(args.url, queue, args.n)))
         rates["bk recv"].append(asyncio.run(bk_receive(args.url, queue, args.n + 1)))
         delete_topics(servers, [topic, batch_topic])  # leave the broker as we found it

@@ -76,7 +76,6 @@ async def main() -> None:
     js = nc.jetstream()
     rates: dict[str, list[float]] = {k: [] for k in ("raw_pub", "bk_pub", "raw_con", "bk_con")}
     async with brokerkit.connect(args.url) as broker:
-        prefix = getattr(broker.backend, "options").prefix  # noqa: B009
         for round_no in range(args.rounds):
             tag = uuid.uuid4().hex[:12]
             stream, subject, queue = f"benchraw_{tag}", f"benchraw.{tag}", f"bench-{tag}"
@@ -87,8 +86,8 @@ async def main() -> None:
                 await raw_consume(js, stream, subject, args.messages, args.batch)
             )
             rates["bk_con"].append(await consume_rate(broker, queue, args.messages, args.batch))
-            for name in (stream, f"{prefix}_q_{queue}", f"{prefix}_d_{queue}"):
-                await js.delete_stream(name)
+            await js.delete_stream(stream)
+            await broker.delete_queue(queue)
             print(round_line(round_no, rates))
     await nc.close()
     ratios = [("publish", "bk_pub", "raw_pub"), ("consume+ack", "bk_con", "raw_con")]

@@ -74,7 +74,6 @@ async def main() -> None:
     )
     rates: dict[str, list[float]] = {k: [] for k in ("raw_pub", "bk_pub", "raw_con", "bk_con")}
     async with brokerkit.connect(args.url) as broker:
-        prefix = getattr(broker.backend, "options").prefix  # noqa: B009
         for round_no in range(args.rounds):
             stream = f"bench-raw-{uuid.uuid4().hex[:12]}"
             queue = f"bench-{uuid.uuid4().hex[:12]}"
@@ -82,7 +81,8 @@ async def main() -> None:
             rates["bk_pub"].append(await publish_rate(broker, queue, args.messages, body))
             rates["raw_con"].append(await raw_consume(raw, stream, args.messages, args.batch))
             rates["bk_con"].append(await consume_rate(broker, queue, args.messages, args.batch))
-            await raw.delete(stream, *await raw.keys(f"{prefix}{{{queue}}}*"))
+            await raw.delete(stream)
+            await broker.delete_queue(queue)
             print(round_line(round_no, rates))
     await raw.aclose()
     ratios = [("publish", "bk_pub", "raw_pub"), ("consume+ack", "bk_con", "raw_con")]

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
+from _kafka_loop import StubMessage
 from confluent_kafka import KafkaError
 
 from brokerkit._errors import BrokerkitError
@@ -22,24 +23,11 @@ from brokerkit.backends.kafka._backend import _Batch
 HOSTS = (HostPort("127.0.0.1", 9092),)
 
 
-class _Report:
-    """A stand-in of the confluent-kafka ``Message`` of a delivery report."""
-
-    def __init__(self, partition: int, offset: int) -> None:
-        self._partition, self._offset = partition, offset
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-
 async def test_reports_served_on_the_loop_thread_complete_the_batch_at_once() -> None:
     batch = _Batch(asyncio.get_running_loop(), 2, HOSTS)
-    batch.report(0, None, _Report(3, 10))
+    batch.report(0, None, StubMessage(10, 3))
     assert not batch.future.done()  # one report still missing
-    batch.report(1, None, _Report(3, 11))
+    batch.report(1, None, StubMessage(11, 3))
     # no loop turn in between: publish's own poll(0)/flush needs no self-pipe wake-up
     assert batch.future.done()
     await batch.future
@@ -50,8 +38,8 @@ async def test_reports_served_on_another_thread_wake_the_loop() -> None:
     batch = _Batch(asyncio.get_running_loop(), 2, HOSTS)
 
     def poll_thread() -> None:
-        batch.report(1, None, _Report(0, 5))
-        batch.report(0, None, _Report(0, 4))
+        batch.report(1, None, StubMessage(5, 0))
+        batch.report(0, None, StubMessage(4, 0))
 
     thread = threading.Thread(target=poll_thread)
     thread.start()
@@ -66,7 +54,7 @@ async def test_a_failed_report_fails_the_whole_batch_on_either_path() -> None:
     failed = KafkaError(KafkaError._MSG_TIMED_OUT)
     here = _Batch(loop, 2, HOSTS)
     here.report(0, failed, None)
-    here.report(1, None, _Report(0, 1))
+    here.report(1, None, StubMessage(1, 0))
     with pytest.raises(BrokerkitError):
         await here.future
     there = _Batch(loop, 1, HOSTS)
@@ -79,6 +67,6 @@ async def test_a_failed_report_fails_the_whole_batch_on_either_path() -> None:
 
 async def test_a_shrunk_batch_completes_once_the_produced_records_reported() -> None:
     batch = _Batch(asyncio.get_running_loop(), 3, HOSTS)
-    batch.report(0, None, _Report(0, 7))
+    batch.report(0, None, StubMessage(7, 0))
     batch.shrink(1)  # the second produce call failed: two records never handed over
     assert batch.future.done()

@@ -256,8 +256,9 @@ class NatsBackend(Backend):
         with them); a stream that is not there is fine."""
         for dead_letters in (False, True):
             self.forget_layout(queue, dead_letters)
+            opts = self.options
             layout = QueueLayout.of(
-                self.options.prefix, queue, dead_letters=dead_letters, partitions=1
+                opts.prefix, queue, dead_letters=dead_letters, partitions=opts.partitions
             )
             with self._mapped(f"delete stream {layout.stream!r}"):
                 try:

@@ -6,14 +6,14 @@ import asyncio
 from collections.abc import Iterable
 from types import TracebackType
 
-from brokerkit._consumer import Consumer, check_consumer_args
+from brokerkit._consumer import Consumer, ConsumerLink, check_consumer_args
 from brokerkit._dlq import split_envelope
 from brokerkit._errors import InvalidArgument, ResourceClosed
 from brokerkit._message import Outgoing, PublishResult
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
 from brokerkit._validate import check_int, check_name, check_outgoing
-from brokerkit.backends.base import Backend, Capabilities, ReceiverSettings
+from brokerkit.backends.base import Backend, Capabilities, QueueRef, ReceiverSettings
 
 DEFAULT_GROUP = "default"
 DEAD_LETTER_GROUP = "dead-letters"
@@ -50,6 +50,12 @@ class Broker:
         self._closed = False
         self._open_lock = asyncio.Lock()
         self._consumers: set[Consumer] = set()
+        self._link = ConsumerLink(
+            opened_backend=self._opened_backend,
+            max_nack_delay=backend.capabilities.max_nack_delay,
+            on_close=self._consumers.discard,
+            where=url.redacted(),
+        )
 
     def __repr__(self) -> str:
         return f"<Broker {self.url.redacted()}>"
@@ -129,7 +135,7 @@ class Broker:
         if not checked:
             return []
         backend = await self._opened_backend()
-        return await backend.publish(queue, checked)
+        return await backend.publish(QueueRef(queue), checked)
 
     def consumer(
         self,
@@ -150,7 +156,7 @@ class Broker:
         Raises InvalidName or InvalidArgument before any I/O.
         """
         return self._consumer(
-            queue, group, max_attempts, ack_timeout, prefetch, close_timeout, dead_letters=False
+            QueueRef(queue), group, max_attempts, ack_timeout, prefetch, close_timeout
         )
 
     def dead_letters(
@@ -164,21 +170,19 @@ class Broker:
     ) -> Consumer:
         """A consumer over ``queue``'s DLQ; each message has ``dead_letter_info``."""
         return self._consumer(
-            queue, group, 2**31 - 1, ack_timeout, prefetch, close_timeout, dead_letters=True
+            QueueRef(queue).dlq, group, 2**31 - 1, ack_timeout, prefetch, close_timeout
         )
 
     def _consumer(
         self,
-        queue: str,
+        queue: QueueRef,
         group: str,
         max_attempts: int,
         ack_timeout: float,
         prefetch: int,
         close_timeout: float,
-        *,
-        dead_letters: bool,
     ) -> Consumer:
-        check_name("queue", queue)
+        check_name("queue", queue.name)
         check_name("consumer group", group)
         attempts, timeout, fetch, close = check_consumer_args(
             max_attempts, ack_timeout, prefetch, close_timeout
@@ -186,17 +190,29 @@ class Broker:
         if self._closed:
             raise ResourceClosed(f"{self!r} is closed")
         consumer = Consumer(
-            self,
+            self._link,
             queue,
             group,
             max_attempts=attempts,
             ack_timeout=timeout,
             prefetch=fetch,
             close_timeout=close,
-            dead_letters=dead_letters,
         )
         self._consumers.add(consumer)
         return consumer
+
+    async def declare(self, queue: str, group: str | None = None) -> None:
+        """Create ``queue``, its DLQ and (if given) consumer ``group`` now, idempotently.
+
+        Optional: everything is created on first use anyway. This is the separate,
+        least-privilege step of CONTRACT section 3 (an operator declares; services then
+        need only publish and consume rights). InvalidName before any I/O.
+        """
+        check_name("queue", queue)
+        if group is not None:
+            check_name("consumer group", group)
+        backend = await self._opened_backend()
+        await backend.declare(QueueRef(queue), group)
 
     async def delete_queue(self, queue: str) -> None:
         """Delete ``queue`` and its DLQ on the broker: their messages and every group's state.
@@ -228,8 +244,9 @@ class Broker:
         if limit is not None:
             check_int("limit", limit, minimum=0)
         backend = await self._opened_backend()
-        settings = ReceiverSettings(ack_timeout=_REDRIVE_LEASE, max_attempts=2**31 - 1, prefetch=1)
-        receiver = await backend.subscribe(queue, DEAD_LETTER_GROUP, settings, dead_letters=True)
+        ref = QueueRef(queue)
+        settings = ReceiverSettings(ack_timeout=_REDRIVE_LEASE)
+        receiver = await backend.subscribe(ref.dlq, DEAD_LETTER_GROUP, settings)
         wait = 1.0 + self.capabilities.redelivery_slack
         moved = 0
         try:
@@ -240,7 +257,7 @@ class Broker:
                 for delivery in batch:
                     headers, info = split_envelope(delivery.headers)
                     group = info.fifo_group if info else delivery.fifo_group
-                    await backend.publish(queue, [Outgoing(delivery.body, group, None, headers)])
+                    await backend.publish(ref, [Outgoing(delivery.body, group, None, headers)])
                     await receiver.ack(delivery)
                     moved += 1
         finally:

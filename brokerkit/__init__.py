@@ -17,6 +17,7 @@ from brokerkit._consumer import Consumer, Message
 from brokerkit._errors import (
     AlreadySettled,
     BrokerkitError,
+    BrokerRefused,
     BrokerUnavailable,
     ConfigError,
     InvalidArgument,
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadySettled",
     "Broker",
+    "BrokerRefused",
     "BrokerURL",
     "BrokerUnavailable",
     "BrokerkitError",

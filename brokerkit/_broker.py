@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterable
 from types import TracebackType
 
+from brokerkit._coalesce import PublishCoalescer
 from brokerkit._consumer import Consumer, ConsumerLink, check_consumer_args
 from brokerkit._dlq import split_envelope
 from brokerkit._errors import InvalidArgument, ResourceClosed
@@ -50,6 +51,7 @@ class Broker:
         self._closed = False
         self._open_lock = asyncio.Lock()
         self._consumers: set[Consumer] = set()
+        self._coalescers: dict[str, PublishCoalescer] = {}
         self._link = ConsumerLink(
             opened_backend=self._opened_backend,
             max_nack_delay=backend.capabilities.max_nack_delay,
@@ -112,13 +114,32 @@ class Broker:
     ) -> PublishResult:
         """Publish one message; return once the broker accepted it durably.
 
-        Raises InvalidName, InvalidMessage or MessageTooLarge before any I/O.
+        Raises InvalidName, InvalidMessage or MessageTooLarge before any I/O. Concurrent
+        calls for one queue are gathered into pipelined backend calls (each caller still
+        gets its own result or error; see ``brokerkit._coalesce``), so a service may
+        publish from thousands of tasks at once.
         """
         message = Outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
-        return (await self.publish_many(queue, [message]))[0]
+        (checked,) = self._checked(queue, (message,))
+        coalescer = self._coalescers.get(queue)
+        if coalescer is None:
+            backend = await self._opened_backend()
+            ref = QueueRef(queue)
+            coalescer = self._coalescers.setdefault(
+                queue, PublishCoalescer(lambda batch: backend.publish(ref, batch))
+            )
+        return await coalescer.publish(checked)
 
     async def publish_many(self, queue: str, messages: Iterable[Outgoing]) -> list[PublishResult]:
         """Publish in list order (the FIFO order within a fifo_group); all validated first."""
+        checked = self._checked(queue, messages)
+        if not checked:
+            return []
+        backend = await self._opened_backend()
+        return await backend.publish(QueueRef(queue), checked)
+
+    def _checked(self, queue: str, messages: Iterable[Outgoing]) -> list[Outgoing]:
+        """Validate a publish before any I/O; ResourceClosed on a closed broker."""
         check_name("queue", queue)
         caps = self.capabilities
         checked = [
@@ -132,10 +153,7 @@ class Broker:
         ]
         if self._closed:
             raise ResourceClosed(f"{self!r} is closed")
-        if not checked:
-            return []
-        backend = await self._opened_backend()
-        return await backend.publish(QueueRef(queue), checked)
+        return checked
 
     def consumer(
         self,

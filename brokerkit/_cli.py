@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import sys
 
 import click
@@ -66,7 +67,13 @@ def check(url: str, as_json: bool, select: str | None) -> None:
 @click.option("--size", default=100, show_default=True, help="Body size in bytes.")
 @click.option("--rounds", default=3, show_default=True, help="Rounds; medians are reported.")
 @click.option("--prefetch", default=500, show_default=True, help="Consumer prefetch.")
-def bench(url: str, messages: int, size: int, rounds: int, prefetch: int) -> None:
+@click.option(
+    "--concurrency",
+    default=0,
+    show_default=True,
+    help="Also measure single publish() calls from this many tasks at once.",
+)
+def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concurrency: int) -> None:
     """Measure brokerkit publish and consume+ack throughput on URL (msgs/s, medians).
 
     The raw client library's numbers, measured in the same run, come from the
@@ -76,7 +83,14 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int) -> Non
 
     try:
         result = asyncio.run(
-            run_bench(url, messages=messages, size=size, rounds=rounds, prefetch=prefetch)
+            run_bench(
+                url,
+                messages=messages,
+                size=size,
+                rounds=rounds,
+                prefetch=prefetch,
+                concurrency=concurrency,
+            )
         )
     except BrokerkitError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
@@ -85,3 +99,10 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int) -> Non
     click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds")
     click.echo(f"  publish      median {result.publish_median:>10,.0f} msgs/s  ({rounds_pub})")
     click.echo(f"  consume+ack  median {result.consume_median:>10,.0f} msgs/s  ({rounds_con})")
+    if result.concurrent:
+        med = statistics.median(result.concurrent)
+        runs = ", ".join(f"{r:,.0f}" for r in result.concurrent)
+        click.echo(f"  publish x{concurrency:<4} median {med:>10,.0f} msgs/s  ({runs})")
+        click.echo(
+            f"  ratio publish x{concurrency} / publish_many  {med / result.publish_median:.2f}"
+        )

@@ -28,7 +28,13 @@ from brokerkit._errors import (
     ResourceClosed,
     UnsupportedFeature,
 )
-from brokerkit._message import DeadLetterInfo, Outgoing, PublishResult
+from brokerkit._message import (
+    BrowsedMessage,
+    DeadLetterInfo,
+    Outgoing,
+    PublishResult,
+    QueueStats,
+)
 from brokerkit._url import BrokerURL
 from brokerkit.backends.base import Capabilities
 
@@ -41,6 +47,7 @@ __all__ = [
     "BrokerURL",
     "BrokerUnavailable",
     "BrokerkitError",
+    "BrowsedMessage",
     "Capabilities",
     "ConfigError",
     "Consumer",
@@ -53,6 +60,7 @@ __all__ = [
     "MessageTooLarge",
     "Outgoing",
     "PublishResult",
+    "QueueStats",
     "ResourceClosed",
     "UnsupportedFeature",
     "__version__",

@@ -106,3 +106,13 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
         click.echo(
             f"  ratio publish x{concurrency} / publish_many  {med / result.publish_median:.2f}"
         )
+
+
+def _add_operator_commands() -> None:
+    from brokerkit._ops_cli import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_add_operator_commands()

@@ -22,7 +22,13 @@ import brokerkit
 ROOT = Path(brokerkit.__file__).parent
 MAX_LINES = 500
 
-TOOLS = {"brokerkit._cli", "brokerkit._check", "brokerkit._demo", "brokerkit._bench"}
+TOOLS = {
+    "brokerkit._cli",
+    "brokerkit._check",
+    "brokerkit._demo",
+    "brokerkit._bench",
+    "brokerkit._ops_cli",
+}
 FACADE = {"brokerkit", "brokerkit._broker", "brokerkit._consumer", "brokerkit._registry"}
 TOOLKIT = {"brokerkit.backends", "brokerkit.backends.base"}
 

@@ -63,14 +63,31 @@ def check(url: str, as_json: bool, select: str | None) -> None:
 
 @main.command()
 @click.argument("url", default=DEFAULT_URL)
-@click.option("--messages", default=20_000, show_default=True, help="Messages per round.")
-@click.option("--size", default=100, show_default=True, help="Body size in bytes.")
-@click.option("--rounds", default=3, show_default=True, help="Rounds; medians are reported.")
-@click.option("--prefetch", default=500, show_default=True, help="Consumer prefetch.")
+@click.option(
+    "--messages",
+    default=20_000,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Messages per round (consume is timed from the first, so at least 2).",
+)
+@click.option(
+    "--size", default=100, show_default=True, type=click.IntRange(min=0), help="Body bytes."
+)
+@click.option(
+    "--rounds",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rounds; min/median/max reported.",
+)
+@click.option(
+    "--prefetch", default=500, show_default=True, type=click.IntRange(min=1), help="Prefetch."
+)
 @click.option(
     "--concurrency",
     default=0,
     show_default=True,
+    type=click.IntRange(min=0),
     help="Also measure single publish() calls from this many tasks at once.",
 )
 def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concurrency: int) -> None:
@@ -94,18 +111,18 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
         )
     except BrokerkitError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
-    rounds_pub = ", ".join(f"{r:,.0f}" for r in result.publish)
-    rounds_con = ", ".join(f"{r:,.0f}" for r in result.consume)
-    click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds")
-    click.echo(f"  publish      median {result.publish_median:>10,.0f} msgs/s  ({rounds_pub})")
-    click.echo(f"  consume+ack  median {result.consume_median:>10,.0f} msgs/s  ({rounds_con})")
+    click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds (msgs/s)")
+    series = {"publish": result.publish, "consume+ack": result.consume}
     if result.concurrent:
-        med = statistics.median(result.concurrent)
-        runs = ", ".join(f"{r:,.0f}" for r in result.concurrent)
-        click.echo(f"  publish x{concurrency:<4} median {med:>10,.0f} msgs/s  ({runs})")
+        series[f"publish x{concurrency}"] = result.concurrent
+    for name, values in series.items():
         click.echo(
-            f"  ratio publish x{concurrency} / publish_many  {med / result.publish_median:.2f}"
+            f"  {name:<14} median {statistics.median(values):>10,.0f}"
+            f"  min {min(values):>10,.0f}  max {max(values):>10,.0f}"
         )
+    if result.concurrent:
+        ratio = statistics.median(result.concurrent) / result.publish_median
+        click.echo(f"  ratio publish x{concurrency} / publish_many  {ratio:.2f}")
 
 
 def _add_operator_commands() -> None:

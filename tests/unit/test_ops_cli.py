@@ -63,3 +63,14 @@ def test_bad_input_is_a_clear_error() -> None:
     assert result.exit_code != 0 and "InvalidName" in result.output
     result = CliRunner().invoke(main, ["peek", "q"], env={"BROKERKIT_URL": ""})
     assert result.exit_code == 2 and "BROKERKIT_URL" in result.output
+
+
+def test_bench_refuses_numbers_that_cannot_measure_anything() -> None:
+    for args in (["--messages", "0"], ["--messages", "1"], ["--rounds", "0"], ["--size", "-1"]):
+        result = CliRunner().invoke(main, ["bench", URL, *args])
+        assert result.exit_code == 2 and "Invalid value" in result.output, args
+
+
+def test_bench_reports_spread() -> None:
+    out = cli("bench", URL, "--messages", "200", "--rounds", "2", "--concurrency", "10")
+    assert "min" in out and "max" in out and "publish x10" in out

@@ -8,9 +8,8 @@ from types import MappingProxyType
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from brokerkit._errors import ConfigError
-
-_SECRET_WORDS = ("password", "secret", "token", "key")
-_REDACTED = "***"
+from brokerkit._redact import REDACTED as _REDACTED
+from brokerkit._redact import is_secret_name, redact
 
 
 @dataclass(frozen=True)
@@ -25,17 +24,14 @@ class HostPort:
         return host if self.port is None else f"{host}:{self.port}"
 
 
-def _is_secret(name: str) -> bool:
-    lowered = name.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
-
-
 @dataclass(frozen=True, repr=False)
 class BrokerURL:
     """An immutable broker URL: ``scheme://[user[:password]@]host[:port][,host2...]/path?opts``.
 
     The password (and any query parameter whose name says it is a secret) never
-    appears in ``repr``, ``str`` or error messages: use :meth:`redacted`.
+    appears in ``repr``, ``str`` or error messages: use :meth:`redacted`. A user
+    without a password is redacted too: schemes such as ``nats://token@host`` carry
+    a token there. :meth:`render` is the one way to the real URL, for a client library.
     """
 
     scheme: str
@@ -89,8 +85,23 @@ class BrokerURL:
         return MappingProxyType(dict(self.query))
 
     def redacted(self) -> str:
-        """The URL with the password and secret parameters replaced by ``***``."""
+        """The URL with the password, a lone user (a token) and secret parameters as ``***``."""
         return self._render(redact=True)
+
+    def secrets(self) -> tuple[str, ...]:
+        """The credentials this URL carries: the password, a token, secret parameters' values."""
+        found = [self.password] if self.password else []
+        if self.username and self.password is None:
+            found.append(self.username)
+        found += [value for name, value in self.query if value and is_secret_name(name)]
+        return tuple(found)
+
+    def redact(self, text: str) -> str:
+        """``text`` with this URL's secrets, and anything credential-shaped, as ``***``.
+
+        For printing a text brokerkit did not write (a driver's error, a log line).
+        """
+        return redact(text, self.secrets())
 
     def render(self) -> str:
         """The full URL, password included: for handing to a client library only."""
@@ -98,7 +109,9 @@ class BrokerURL:
 
     def _render(self, *, redact: bool) -> str:
         auth = ""
-        if self.username is not None or self.password is not None:
+        if redact and self.username is not None and self.password is None:
+            auth = _REDACTED + "@"
+        elif self.username is not None or self.password is not None:
             auth = quote(self.username or "", safe="")
             if self.password is not None:
                 auth += ":" + (_REDACTED if redact else quote(self.password, safe=""))
@@ -106,7 +119,7 @@ class BrokerURL:
         hosts = ",".join(str(h) for h in self.hosts)
         query = "&".join(
             f"{quote(k, safe='')}="
-            + (_REDACTED if redact and _is_secret(k) else quote(v, safe="/:,"))
+            + (_REDACTED if redact and is_secret_name(k) else quote(v, safe="/:,"))
             for k, v in self.query
         )
         return f"{self.scheme}://{auth}{hosts}{self.path}" + (f"?{query}" if query else "")

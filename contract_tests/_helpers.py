@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 import brokerkit
 
@@ -23,9 +23,17 @@ def fresh(prefix: str = "bk") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
-def with_param(url: str, name: str, value: str) -> str:
-    """``url`` with one more query parameter."""
-    return url + ("&" if urlsplit(url).query or url.endswith("?") else "?") + f"{name}={value}"
+def with_param(url: brokerkit.BrokerURL, name: str, value: str) -> brokerkit.BrokerURL:
+    """``url`` with the query parameter ``name`` set to ``value`` (added, or replaced)."""
+    query = (*((k, v) for k, v in url.query if k != name), (name, value))
+    return dataclasses.replace(url, query=query)
+
+
+def with_hosts(url: brokerkit.BrokerURL, hosts: str) -> brokerkit.BrokerURL:
+    """``url`` pointed at ``hosts`` (``host:port[,host:port]``), credentials and options kept."""
+    return dataclasses.replace(
+        url, hosts=brokerkit.BrokerURL.parse(f"{url.scheme}://{hosts}").hosts
+    )
 
 
 async def eventually(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerkit._errors import ConfigError
+from brokerkit._redact import RedactingStream
 from brokerkit._url import BrokerURL
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
@@ -66,12 +67,17 @@ def run_check(
         "no:cacheprovider",
         "-q",
         "--run-slow",
+        "--no-env-urls",  # check URL checks URL alone, whatever BROKERKIT_URLS says
         "--broker-url",
         url,
         *(pytest_args or []),
     ]
-    with contextlib.redirect_stdout(sys.stderr):
-        pytest.main(args, plugins=[collector])
+    output = RedactingStream(sys.stderr, parsed.secrets())  # the suite redacts its reports;
+    with contextlib.redirect_stdout(output):  # this catches whatever else pytest prints
+        try:
+            pytest.main(args, plugins=[collector])
+        finally:
+            output.flush()
     results: dict[str, str] = {}
     for behaviour in contract_tests.BEHAVIOURS:
         outcomes = collector.outcomes.get(behaviour, [])

@@ -26,15 +26,17 @@ def parse_options(url: BrokerURL, model: type[OptionsT]) -> OptionsT:
 
     Values are never echoed (a parameter may carry a secret).
     """
+    known = ", ".join(sorted(model.model_fields)) or "none"
+    problems = []
     try:
         return model.model_validate(dict(url.query))
     except ValidationError as exc:
-        known = ", ".join(sorted(model.model_fields)) or "none"
-        problems = []
         for err in exc.errors(include_input=False, include_url=False):
             name = ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown parameter {name!r} (known: {known})")
             else:
                 problems.append(f"parameter {name!r}: {err['msg']}")
-        raise ConfigError(f"{url.scheme}:// URL: " + "; ".join(problems)) from None
+    # raised outside the except block: the ValidationError holds every value (a password
+    # too), and even a suppressed __context__ keeps it on the ConfigError
+    raise ConfigError(f"{url.scheme}:// URL: " + "; ".join(problems))

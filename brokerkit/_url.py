@@ -52,10 +52,15 @@ class BrokerURL:
         if not sep or not scheme:
             raise ConfigError("broker URL has no scheme (expected e.g. 'redis://host:6379/0')")
         scheme = scheme.lower()
+        # Each ConfigError is raised outside its except block: the driver-free errors of
+        # urllib hold the URL's text, and even a suppressed __context__ keeps them.
+        problem = None
         try:
             parts = urlsplit("x://" + rest)
         except ValueError as exc:  # e.g. an unclosed IPv6 bracket; the text may hold a password
-            raise ConfigError(f"{scheme}:// URL is malformed ({exc})") from None
+            problem = redact(str(exc))
+        if problem is not None:
+            raise ConfigError(f"{scheme}:// URL is malformed ({problem})")
         netloc = parts.netloc
         username = password = None
         if "@" in netloc:
@@ -70,8 +75,10 @@ class BrokerURL:
             raise ConfigError(f"{scheme}:// URL must not have a #fragment")
         try:
             pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-        except ValueError:
-            raise ConfigError(f"{scheme}:// URL has a malformed query string") from None
+        except ValueError:  # its text quotes the query
+            pairs = None
+        if pairs is None:
+            raise ConfigError(f"{scheme}:// URL has a malformed query string")
         seen: set[str] = set()
         for name, _ in pairs:
             if name in seen:

@@ -25,7 +25,9 @@ as its slowest case (a Kafka connect that gives up, ~15 s).
 
 from __future__ import annotations
 
+import asyncio
 import glob
+import inspect
 import os
 import re
 import shutil
@@ -34,8 +36,9 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +46,7 @@ from pathlib import Path
 import pytest
 from _process import terminate
 
+import brokerkit
 from brokerkit._registry import known_schemes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -293,3 +297,160 @@ def _problems(run: Run, expect: str) -> list[str]:
         if command != "check" and not (run.returncode != 0 and "BrokerUnavailable" in run.output):
             return [f"{shown}: expected BrokerUnavailable" + tail]
     return []
+
+
+# --- the same assertion over every public object and raised error, one table for all backends
+
+
+@dataclass(frozen=True)
+class Row:
+    """A backend's URL form with credentials; ``kind``: live, offline (no I/O works), config."""
+
+    name: str
+    url: str
+    kind: str
+
+
+ROWS = [
+    Row("memory-userinfo", "memory://{user}:{secret}@x", "config"),
+    Row("memory-secret-param", "memory://?token={secret}", "config"),
+    Row("redis-user-password", "redis://{user}:{secret}@127.0.0.1:{redis}/0", "live"),
+    Row("redis-password-only", "redis://:{secret}@127.0.0.1:{redis}/0", "live"),
+    Row("nats-user-password", "nats://{user}:{secret}@127.0.0.1:{nats_user}", "live"),
+    Row("nats-token", "nats://{secret}@127.0.0.1:{nats_token}", "live"),
+    Row(
+        "kafka-sasl-userinfo",
+        "kafka://{user}:{secret}@127.0.0.1:{kafka}?security_protocol=sasl_plaintext"
+        "&sasl_mechanism=PLAIN",
+        "offline",  # no SASL listener here: objects and errors only
+    ),
+    Row("kafka-sasl-password-param", "kafka://127.0.0.1:{kafka}?sasl_password={secret}", "config"),
+    Row("amqp-user-password", "amqp://{user}:{secret}@127.0.0.1:{amqp}/", "config"),
+    Row("sqs-userinfo", "sqs://AKIAEXAMPLE:{secret}@?endpoint=http://127.0.0.1:{sqs}", "config"),
+    Row("sqs-secret-param", "sqs://?endpoint=http://x:1&aws_secret_access_key={secret}", "config"),
+]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every ``__cause__``/``__context__`` behind it."""
+    out: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or any(current is seen for seen in out):
+            continue
+        out.append(current)
+        todo += [current.__cause__, current.__context__]
+    return out
+
+
+class Looked:
+    """Every text looked at: ``repr``/``str`` of objects, errors with their chains."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+        self.chains: dict[str, int] = {}  # error -> length of its chain
+
+    def object(self, what: str, obj: object) -> None:
+        self.texts[f"repr({what})"] = repr(obj)
+        self.texts[f"str({what})"] = str(obj)
+
+    def error(self, what: str, exc: BaseException) -> None:
+        assert isinstance(exc, brokerkit.BrokerkitError), f"{what}: {exc!r} is not ours"
+        self.chains[what] = len(_chain(exc))
+        for i, link in enumerate(_chain(exc)):
+            self.object(f"{what} [{i}] {type(link).__name__}", link)
+            self.texts[f"args of {what} [{i}]"] = repr(link.args)
+        self.texts[f"traceback of {what}"] = "".join(traceback.format_exception(exc))
+
+    async def raised(self, what: str, action: Callable[[], Awaitable[object] | object]) -> None:
+        try:
+            result = action()
+            if inspect.isawaitable(result):
+                await result
+        except brokerkit.BrokerkitError as exc:
+            self.error(what, exc)
+        else:
+            raise AssertionError(f"{what}: no brokerkit error raised")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+async def test_no_public_object_or_error_shows_the_secret(
+    row: Row, ports: dict[str, dict[str, int]]
+) -> None:
+    text = row.url.format(secret=SECRET, user=USER, **ports["live"])
+    look = Looked()
+    url = brokerkit.BrokerURL.parse(text)
+    look.object("BrokerURL", url)
+    look.texts["redacted()"] = url.redacted()
+    if row.kind == "config":
+        await look.raised("connect", lambda: brokerkit.connect(text))
+    else:
+        await _objects_and_errors(row, text, ports, look)
+    leaks = {what: shown for what, shown in look.texts.items() if SECRET in shown}
+    assert not leaks, "\n".join(f"{what}: {shown[:300]}" for what, shown in leaks.items())
+    # it looked at what it should have (so it cannot pass by looking at nothing)
+    must = {
+        "config": ["repr(connect [0] ConfigError)"],
+        "offline": [
+            "repr(backend)",
+            "repr(Capabilities)",
+            "repr(Consumer)",
+            "traceback of ConfigError",
+        ],
+        "live": [
+            "repr(Message)",
+            "repr(Message (dead))",
+            "repr(DeadLetterInfo)",
+            "repr(PublishResult)",
+        ],
+    }
+    wanted = must[row.kind] + (must["offline"] if row.kind == "live" else [])
+    assert not [w for w in wanted if w not in look.texts], sorted(look.texts)
+    if row.kind != "config":  # the driver's error behind it was looked at too
+        assert look.chains["BrokerUnavailable"] >= 2, look.texts["traceback of BrokerUnavailable"]
+
+
+async def _objects_and_errors(
+    row: Row, text: str, ports: dict[str, dict[str, int]], look: Looked
+) -> None:
+    queue, group = f"redact-{uuid.uuid4().hex[:12]}", "redact"
+    broker = brokerkit.connect(text)
+    look.object("Broker", broker)
+    look.object("Broker.url", broker.url)
+    look.object("backend", broker.backend)
+    look.object("Capabilities", broker.capabilities)
+    for what, unopened in (
+        ("Consumer", broker.consumer(queue, group)),
+        ("dead_letters", broker.dead_letters(queue)),
+    ):
+        look.object(what, unopened)
+        await unopened.aclose()
+    look.object("Outgoing", brokerkit.Outgoing(b"x", "g", "d", {"h": "v"}))
+    too_big = b"x" * (broker.capabilities.max_message_bytes + 1)
+    await look.raised("InvalidName", lambda: broker.publish("not a name", b"x"))
+    await look.raised("MessageTooLarge", lambda: broker.publish(queue, too_big))
+    await look.raised("InvalidArgument", lambda: broker.consumer(queue, group, max_attempts=0))
+    unknown = f"{text}{'&' if '?' in text else '?'}no_such=1"
+    await look.raised("ConfigError", lambda: brokerkit.connect(unknown))
+    closed = brokerkit.connect(row.url.format(secret=SECRET, user=USER, **ports["closed"]))
+    look.object("Broker (closed port)", closed)
+    await look.raised("BrokerUnavailable", closed.open)
+    await closed.aclose()
+    if row.kind == "live":
+        async with broker:
+            look.object("PublishResult", await broker.publish(queue, b"x", dedup_id="d-1"))
+            async with broker.consumer(queue, group) as consumer:
+                msg = await asyncio.wait_for(consumer.__anext__(), 20)
+                look.object("Message", msg)
+                look.object("Consumer (open)", consumer)
+                await msg.dead_letter("poison")
+                await look.raised("AlreadySettled", msg.ack)
+            async with broker.dead_letters(queue) as dead:
+                msg = await asyncio.wait_for(dead.__anext__(), 20)
+                look.object("Message (dead)", msg)
+                look.object("DeadLetterInfo", msg.dead_letter_info)
+                await msg.ack()
+            await broker.delete_queue(queue)
+    await broker.aclose()
+    await look.raised("ResourceClosed", lambda: broker.publish(queue, b"x"))

@@ -45,8 +45,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "behaviour(name): the CONTRACT.md behaviour a test proves")
     config.addinivalue_line("markers", "slow: long windows, run with --run-slow")
+    try:
+        urls = _urls(config)
+    except brokerkit.BrokerkitError:
+        urls = []  # a bad URL: reported, redacted, when the tests are collected
     config.stash[_FACTORY] = logging.getLogRecordFactory()
-    logging.setLogRecordFactory(_redacting_factory(_urls(config), config.stash[_FACTORY]))
+    logging.setLogRecordFactory(_redacting_factory(urls, config.stash[_FACTORY]))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

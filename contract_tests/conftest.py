@@ -1,10 +1,11 @@
 """Fixtures of the contract suite: one parametrized ``broker_url``, connections, fresh names.
 
-``broker_url`` is a :class:`brokerkit.BrokerURL`, not a string: its ``repr`` and ``str``
-are redacted, so the password shows nowhere pytest prints it (test ids, tracebacks'
-locals, assertion messages). Tests hand it to ``brokerkit.connect`` as it is. What pytest
-prints from other frames (a driver's locals, captured output and logs) is redacted
-by the hooks at the end of this file.
+``broker_url`` is a :class:`~contract_tests._helpers.SecretURL`: a ``str`` whose
+``repr``, ``str()`` and formatting are redacted, so the password shows nowhere pytest
+prints it (test ids, tracebacks' locals, assertion messages), while tests hand it to
+``brokerkit.connect`` as it is. What pytest prints from other frames (a driver's
+locals, strings made from the URL, captured output and logs) is redacted by the hooks
+at the end of this file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 import brokerkit
-from contract_tests._helpers import fresh
+from contract_tests._helpers import SecretURL, fresh
 
 Connect = Callable[..., Awaitable[brokerkit.Broker]]
 _Factory = Callable[..., logging.LogRecord]
@@ -58,12 +59,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         logging.setLogRecordFactory(config.stash[_FACTORY])
 
 
-def _urls(config: pytest.Config) -> list[brokerkit.BrokerURL]:
+def _urls(config: pytest.Config) -> list[SecretURL]:
     urls: list[str] = list(config.getoption("--broker-url"))
     if not config.getoption("--no-env-urls"):
         env = os.environ.get("BROKERKIT_URLS", "")
         urls += [u.strip() for u in env.split(",") if u.strip()]
-    return [brokerkit.BrokerURL.parse(u) for u in urls or ["memory://"]]
+    return [SecretURL(u) for u in urls or ["memory://"]]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -83,11 +84,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest_asyncio.fixture
-async def connect(broker_url: brokerkit.BrokerURL) -> AsyncIterator[Connect]:
+async def connect(broker_url: str) -> AsyncIterator[Connect]:
     """Open a new connection (to ``broker_url`` unless another URL is given); closed after."""
     opened: list[brokerkit.Broker] = []
 
-    async def _connect(url: str | brokerkit.BrokerURL | None = None) -> brokerkit.Broker:
+    async def _connect(url: str | None = None) -> brokerkit.Broker:
         broker = brokerkit.connect(url or broker_url)
         opened.append(broker)
         await broker.open()
@@ -115,7 +116,7 @@ async def made_queues(request: pytest.FixtureRequest) -> AsyncIterator[list[str]
     yield made
     if not made or "broker_url" not in request.fixturenames:
         return
-    url: brokerkit.BrokerURL = request.getfixturevalue("broker_url")
+    url: SecretURL = request.getfixturevalue("broker_url")
     try:
         async with brokerkit.connect(url) as broker:
             for name in made:
@@ -149,7 +150,7 @@ def group() -> str:
     return fresh("g")
 
 
-def _redact_all(urls: list[brokerkit.BrokerURL], text: str) -> str:
+def _redact_all(urls: list[SecretURL], text: str) -> str:
     for url in urls:
         text = url.redact(text)
     return text
@@ -174,7 +175,7 @@ def pytest_runtest_makereport(
     return report
 
 
-def _redacting_factory(urls: list[brokerkit.BrokerURL], make: _Factory) -> _Factory:
+def _redacting_factory(urls: list[SecretURL], make: _Factory) -> _Factory:
     """A log record factory whose records' messages are redacted when made.
 
     So no handler sees a secret: live logging (``--log-cli-level``) and captured logs

@@ -40,9 +40,7 @@ async def test_connect_two_connections_see_the_same_queues(
 
 
 @pytest.mark.behaviour("connect")
-async def test_connect_async_with_closes_and_use_after_close_raises(
-    broker_url: brokerkit.BrokerURL,
-) -> None:
+async def test_connect_async_with_closes_and_use_after_close_raises(broker_url: str) -> None:
     async with brokerkit.connect(broker_url) as broker:
         assert "broker" in repr(broker).lower()
     with pytest.raises(brokerkit.ResourceClosed):

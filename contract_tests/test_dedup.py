@@ -56,7 +56,7 @@ async def test_dedup_ids_are_per_queue_and_absent_ids_never_dedup(
 
 @pytest.mark.behaviour("dedup window")
 async def test_dedup_window_expires_and_the_id_is_delivered_again(
-    broker_url: brokerkit.BrokerURL, connect: Connect, queue: str, group: str
+    broker_url: str, connect: Connect, queue: str, group: str
 ) -> None:
     probe = await connect()
     if not probe.capabilities.dedup_window_configurable:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import socket
 import time
@@ -11,14 +10,7 @@ import time
 import pytest
 
 import brokerkit
-from contract_tests._helpers import (
-    WAIT,
-    eventually,
-    nothing_within,
-    receive,
-    with_hosts,
-    with_param,
-)
+from contract_tests._helpers import WAIT, eventually, nothing_within, receive, with_param
 
 BAD_NAMES = ["", "a" * 65, "a.b", "a b", "żółw", "-lead", "_lead", "a/b"]
 BAD_TOKENS = ["", "a" * 129, "a b", "żółw", "tab\there"]
@@ -151,9 +143,7 @@ async def test_errors_settling_after_the_lease_expired_raises(
 
 
 @pytest.mark.behaviour("errors")
-async def test_errors_use_after_aclose_raises_resource_closed(
-    broker_url: brokerkit.BrokerURL, queue: str
-) -> None:
+async def test_errors_use_after_aclose_raises_resource_closed(broker_url: str, queue: str) -> None:
     broker = brokerkit.connect(broker_url)
     await broker.open()
     consumer = broker.consumer(queue)
@@ -171,9 +161,7 @@ async def test_errors_use_after_aclose_raises_resource_closed(
 
 
 @pytest.mark.behaviour("errors")
-async def test_errors_aclose_while_a_consumer_is_blocked(
-    broker_url: brokerkit.BrokerURL, queue: str
-) -> None:
+async def test_errors_aclose_while_a_consumer_is_blocked(broker_url: str, queue: str) -> None:
     broker = brokerkit.connect(broker_url)
     await broker.open()
     consumer = broker.consumer(queue)
@@ -187,32 +175,36 @@ async def test_errors_aclose_while_a_consumer_is_blocked(
 
 @pytest.mark.behaviour("errors")
 async def test_errors_config_unknown_scheme_and_parameter_never_echo_password(
-    broker_url: brokerkit.BrokerURL,
+    broker_url: str,
 ) -> None:
     with pytest.raises(brokerkit.ConfigError, match="nope"):
         brokerkit.connect("nope://host")
-    url: str | brokerkit.BrokerURL = with_param(broker_url, "no_such_option", "1")
-    if broker_url.hosts:  # as a string, so the parsing is checked too (test credentials only)
-        fake = dataclasses.replace(broker_url, username="user", password="s3cr3t-pw")
-        url = with_param(fake, "no_such_option", "1").render()
+    url = with_param(broker_url, "no_such_option", "1")
+    parsed = brokerkit.BrokerURL.parse(url)
+    if parsed.hosts:
+        hosts = ",".join(str(h) for h in parsed.hosts)
+        url = url.replace(hosts, "user:s3cr3t-pw@" + hosts, 1)
     with pytest.raises(brokerkit.ConfigError) as info:
         brokerkit.connect(url)
     assert "s3cr3t-pw" not in str(info.value) and "s3cr3t-pw" not in repr(info.value)
-    if broker_url.hosts:
+    if parsed.hosts:
         assert "no_such_option" in str(info.value)
         assert "s3cr3t-pw" not in repr(brokerkit.BrokerURL.parse(url))
 
 
 @pytest.mark.behaviour("errors")
 async def test_errors_broker_down_raises_broker_unavailable_naming_host_and_port(
-    broker_url: brokerkit.BrokerURL,
+    broker_url: str,
 ) -> None:
-    if not broker_url.hosts:
+    parsed = brokerkit.BrokerURL.parse(broker_url)
+    if not parsed.hosts:
         pytest.skip("no network address in this URL (in-process or endpoint-style backend)")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    broker = brokerkit.connect(with_hosts(broker_url, f"127.0.0.1:{port}"))
+    hosts = ",".join(str(h) for h in parsed.hosts)
+    dead = broker_url.replace(hosts, f"127.0.0.1:{port}", 1)
+    broker = brokerkit.connect(dead)
     with pytest.raises(brokerkit.BrokerUnavailable) as info:
         await asyncio.wait_for(broker.open(), 60)
     assert str(port) in str(info.value)

@@ -39,6 +39,12 @@ class _Collector:
                 self.failures.append(report.nodeid)
 
 
+def _verbose(pytest_args: list[str] | None) -> bool:
+    return any(
+        a == "--verbose" or (a.startswith("-v") and a.strip("v") == "-") for a in pytest_args or []
+    )
+
+
 def run_check(
     url: str, *, pytest_args: list[str] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -65,7 +71,7 @@ def run_check(
         str(suite),
         "-p",
         "no:cacheprovider",
-        "-q",
+        *([] if _verbose(pytest_args) else ["-q"]),  # -q would cancel a -v given after --
         "--run-slow",
         "--no-env-urls",  # check URL checks URL alone, whatever BROKERKIT_URLS says
         "--broker-url",

@@ -5,8 +5,9 @@ Each command (``check``, ``demo``, ``bench``) runs as a subprocess,
 credentials, once against a live broker and once against a closed port. The output
 is made as talkative as a user can make it: logging at DEBUG to stderr (a
 ``sitecustomize`` on the subprocess' path calls ``logging.basicConfig``), and for
-``check`` pytest's ``-v --tb=long --showlocals`` with live logs at DEBUG
-(``PYTEST_ADDOPTS``). The secret is a fresh random string, so it cannot occur by
+``check`` pytest's ``-vv --tb=long --showlocals`` with live logs at DEBUG
+(``PYTEST_ADDOPTS``, which works on any version of ``check``; its ``-vv`` survives
+the ``-q`` that ``check`` adds). The secret is a fresh random string, so it cannot occur by
 chance: it must not appear anywhere in stdout or stderr.
 
 Each live case must also do what it should (connect and pass, or fail with the
@@ -214,7 +215,7 @@ def runs(
         if k not in ("BROKERKIT_URLS", "PYTEST_ADDOPTS", "PYTHONPATH")
     }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(site)])
-    env["PYTEST_ADDOPTS"] = "-v --tb=long --showlocals --log-level=DEBUG --log-cli-level=DEBUG"
+    env["PYTEST_ADDOPTS"] = "-vv --tb=long --showlocals --log-level=DEBUG --log-cli-level=DEBUG"
     # check URL must check URL alone: an environment URL would be run (and printed) too
     env["BROKERKIT_URLS"] = "memory://from-the-environment"
     jobs = {}
@@ -271,6 +272,9 @@ def _problems(run: Run, expect: str) -> list[str]:
     # as talkative as asked: else a silent command would pass without proving anything
     if expect != "config" and not re.search(r"^DEBUG\s+\S", run.output, re.M):
         return [f"{shown}: no DEBUG log lines in its output" + tail]
+    verbose = re.search(r"\b(PASSED|FAILED|ERROR) +\[ *\d+%\]", run.output)
+    if command in ("check", "suite") and expect != "config" and not verbose:
+        return [f"{shown}: pytest was not verbose (-vv)" + tail]
     if command == "check" and expect == "fails" and not re.search(r"broker_url += '", run.output):
         return [f"{shown}: no traceback locals (--showlocals) in its output" + tail]
     if expect == "config" and not (run.returncode != 0 and "ConfigError" in run.output):

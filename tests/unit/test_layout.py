@@ -29,6 +29,7 @@ TOOLS = {
     "brokerkit._bench",
     "brokerkit._ops_cli",
     "brokerkit._guard",
+    "brokerkit.__main__",
 }
 FACADE = {"brokerkit", "brokerkit._broker", "brokerkit._consumer", "brokerkit._registry"}
 TOOLKIT = {"brokerkit.backends", "brokerkit.backends.base"}

@@ -204,18 +204,23 @@ class KafkaReceiver(Receiver[Receipt]):
     async def _persist(self, taken: list[Receipt]) -> list[Receipt]:
         """Commit the counts of ``taken``; returns those recorded (the rest go back)."""
         parts = {receipt.key.part for receipt in taken}
+        started = time.monotonic()
         ok = await self._thread.commit([part.snapshot() for part in parts])
+        now = time.monotonic()
+        # a take is given back meanwhile only by a revoke or by its lease running out
+        check = now - started >= self._schedule.lease or any(p.revoking for p in parts)
+        schedule = self._schedule
         delivered: list[Receipt] = []
         failed: list[Receipt] = []
         for receipt in taken:
             part = receipt.key.part
-            if part.gone:
+            if part.gone or (check and not schedule.holds(receipt, now)):
                 continue
             # (a part stays dirty: acks made while this commit was in flight are not in it)
             (delivered if part.key in ok else failed).append(receipt)
         if failed:
             # not recorded: give them back uncounted and try again later
-            if self._schedule.give_back(failed, time.monotonic()) and not delivered:
+            if schedule.give_back(failed, now) and not delivered:
                 await asyncio.sleep(0.1)
         return delivered
 

@@ -149,6 +149,10 @@ class HandOut:
         self._park_if_revoking(rec, now)
         return rec
 
+    def holds(self, receipt: Receipt, now: float) -> bool:
+        """True while ``receipt`` is the live lease of its record."""
+        return self._book.holds(receipt.key, receipt.token, now)
+
     def extend(self, receipt: Receipt, ack_timeout: float, now: float) -> None:
         self._book.extend(receipt.key, receipt.token, now + ack_timeout, now)
 

@@ -125,6 +125,12 @@ class LeaseBook(Generic[K]):
         ``lease`` may be ``math.inf`` for items staged by the backend before the caller
         holds them; ``extend_many`` then starts the real lease.
         """
+        keys, first = self.take_keys(max_items, now, lease)
+        return [Leased(key, token) for token, key in enumerate(keys, first)]
+
+    def take_keys(self, max_items: int, now: float, lease: float) -> tuple[list[K], int]:
+        """``take`` without a ``Leased`` per item, for a backend whose receipt is the token:
+        the keys, and the first token (the i-th key's token is ``first + i``)."""
         if self._leases and self._leases[0][0] <= now:
             self.reclaim(now)
         later, ready = self._later, self._ready
@@ -134,11 +140,11 @@ class LeaseBook(Generic[K]):
             if waiting is not None and waiting.due == due and not waiting.token:
                 waiting.due = 0.0
                 ready.append(key)
-        out: list[Leased[K]] = []
-        if not ready or max_items <= 0:
-            return out
-        items, gate, by_token = self._items, self._gate, self._by_token
         first = token = self._next
+        out: list[K] = []
+        if not ready or max_items <= 0:
+            return out, first
+        items, gate, by_token = self._items, self._gate, self._by_token
         deadline = now + lease
         left = max_items
         popleft, append = ready.popleft, out.append
@@ -155,7 +161,7 @@ class LeaseBook(Generic[K]):
             item.token = token
             item.deadline = deadline
             by_token[token] = key
-            append(Leased(key, token))
+            append(key)
             token += 1
             left -= 1
             if not left:
@@ -163,7 +169,7 @@ class LeaseBook(Generic[K]):
         self._next = token
         if token != first and deadline != math.inf:
             heapq.heappush(self._leases, (deadline, next(self._order), first, token))
-        return out
+        return out, first
 
     def reclaim(self, now: float) -> list[K]:
         """End the leases whose deadline passed: their items are due at once. Returns them."""
@@ -183,29 +189,53 @@ class LeaseBook(Generic[K]):
                 back.append(key)
         return back
 
+    # -- by lease: a ``Leased`` receipt (key + token), or the token alone --------------------
+
+    def key_of(self, token: int) -> K | None:
+        """The key ``token`` leases now (whether or not its deadline passed), or None."""
+        return self._by_token.get(token)
+
     def holds(self, key: K, token: int, now: float) -> bool:
         """True while ``token`` is the live lease of ``key``."""
         item = self._items.get(key)
         return item is not None and item.token == token and item.deadline >= now
+
+    def holds_token(self, token: int, now: float) -> bool:
+        """True while ``token`` is a live lease."""
+        key = self._by_token.get(token)
+        return key is not None and self._items[key].deadline >= now
 
     def leased(self, key: K) -> bool:
         """True while ``key`` is leased (whether or not its deadline passed)."""
         item = self._items.get(key)
         return item is not None and item.token != 0
 
-    def _held(self, key: K, token: int, now: float) -> _Item:
-        item = self._items.get(key)
-        if item is None or item.token != token or item.deadline < now:
-            raise LeaseExpired(f"the lease on {key!r} was lost")
-        return item
+    def _held(self, token: int, now: float, key: object = None) -> tuple[K, _Item]:
+        held = self._by_token.get(token)
+        if held is not None and (key is None or held == key):
+            item = self._items[held]
+            if item.deadline >= now:
+                return held, item
+        what = f"token {token}" if key is None else repr(key)
+        raise LeaseExpired(f"the lease on {what} was lost")
 
     def settle(self, key: K, token: int, now: float) -> K | None:
         """Done with the item (ack, dead letter): it leaves the book; its group moves on.
 
         Returns the group's next item, which is due now (or at its own due time), if any.
         """
-        item = self._held(key, token, now)
+        _, item = self._held(token, now, key)
         return self.remove(key, item, now)
+
+    def settle_token(self, token: int, now: float) -> K:
+        """``settle`` by the token alone; returns the settled key."""
+        key, item = self._held(token, now)
+        if item.fifo_group is None:  # remove(), inlined for the common case
+            del self._by_token[token]
+            del self._items[key]
+        else:
+            self.remove(key, item, now)
+        return key
 
     def remove(self, key: K, item: _Item | None = None, now: float = 0.0) -> K | None:
         """Drop an item whatever its state (a settle, or the queue went away)."""
@@ -232,37 +262,49 @@ class LeaseBook(Generic[K]):
 
         Its group stays held by it: nothing later of the group is due before it.
         """
-        item = self._held(key, token, now)
+        self._held(token, now, key)
+        self.requeue_token(token, due, now)
+
+    def requeue_token(self, token: int, due: float, now: float) -> K:
+        """``requeue`` by the token alone; returns the key."""
+        key, item = self._held(token, now)
         del self._by_token[token]
         item.token = 0
         if item.fifo_group is not None:
             self._gate.give_back(item.fifo_group)
         item.due = due
         self._schedule(key, item, now)
+        return key
 
     def extend(self, key: K, token: int, deadline: float, now: float) -> None:
         """Move the lease's end to ``deadline``."""
-        item = self._held(key, token, now)
+        self._held(token, now, key)
+        self.extend_token(token, deadline, now)
+
+    def extend_token(self, token: int, deadline: float, now: float) -> K:
+        """``extend`` by the token alone; returns the key."""
+        key, item = self._held(token, now)
         item.deadline = deadline
         heapq.heappush(self._leases, (deadline, next(self._order), token, token + 1))
+        return key
 
-    def extend_many(
-        self, leases: Iterable[Leased[K]], deadline: float, now: float
-    ) -> list[Leased[K]]:
-        """``extend`` each lease still held to ``deadline`` (e.g. staged items handed over at
-        last); returns those, skipping the ones lost meanwhile. One heap entry per run of
-        consecutive tokens."""
-        items = self._items
-        out: list[Leased[K]] = []
+    def extend_many(self, tokens: Iterable[int], deadline: float, now: float) -> list[int]:
+        """``extend`` each lease still live to ``deadline`` (e.g. staged items handed over at
+        last); returns those tokens, skipping the ones lost meanwhile. One heap entry per
+        run of consecutive tokens."""
+        items, by_token = self._items, self._by_token
+        out: list[int] = []
         heap, order = self._leases, self._order
         first = end = 0
-        for leased in leases:
-            item = items.get(leased.key)
-            token = leased.token
-            if item is None or item.token != token or item.deadline < now:
+        for token in tokens:
+            key = by_token.get(token)
+            if key is None:
+                continue
+            item = items[key]
+            if item.deadline < now:
                 continue
             item.deadline = deadline
-            out.append(leased)
+            out.append(token)
             if token != end:  # a gap: a new run
                 if end:
                     heapq.heappush(heap, (deadline, next(order), first, end))

@@ -47,8 +47,8 @@ def test_staged_items_have_no_deadline_until_extend_many_starts_their_lease() ->
     staged = book.take(4, 0.0, math.inf)
     assert book.reclaim(1e9) == []  # never expire while staged
     book.requeue(2, staged[2].token, 0.0, 1.0)  # given back meanwhile
-    started = book.extend_many(staged, 11.0, 1.0)
-    assert [lease.key for lease in started] == [0, 1, 3]
+    started = book.extend_many([lease.token for lease in staged], 11.0, 1.0)
+    assert [book.key_of(token) for token in started] == [0, 1, 3]
     assert sorted(book.reclaim(12.0)) == [0, 1, 3]
 
 
@@ -99,3 +99,21 @@ def test_an_item_added_at_a_later_now_than_a_takes_is_not_lost() -> None:
     book.add(1, None, 5.001)
     book.add_many([(2, None)], 5.002)
     assert [lease.key for lease in book.take(10, 5.0, 5.0)] == [1, 2]
+
+
+def test_a_backend_whose_receipt_is_the_token_settles_by_it_alone() -> None:
+    book: LeaseBook[str] = LeaseBook()
+    for key in "abc":
+        book.add(key, "g" if key != "c" else None, 0.0)
+    keys, first = book.take_keys(10, 0.0, 5.0)
+    assert (keys, book.key_of(first), book.key_of(first + 1)) == (["a", "c"], "a", "c")
+    assert book.extend_token(first + 1, 20.0, 1.0) == "c"
+    assert book.requeue_token(first, 0.0, 1.0) == "a"
+    assert not book.holds_token(first, 1.0)
+    with pytest.raises(LeaseExpired):
+        book.settle_token(first, 1.0)
+    keys, again = book.take_keys(10, 1.0, 5.0)
+    assert keys == ["a"]
+    assert book.settle_token(again, 2.0) == "a"
+    assert book.take_keys(10, 2.0, 5.0)[0] == ["b"]  # the group moved on
+    assert book.settle_token(first + 1, 10.0) == "c"  # extended to 20

@@ -46,8 +46,8 @@ from brokerkit.backends import (
     ReceiverSettings,
 )
 from brokerkit.backends.kafka._link import KafkaLink
-from brokerkit.backends.kafka._partition import Key, Partition, Snapshot
-from brokerkit.backends.kafka._schedule import HandOut, Receipt
+from brokerkit.backends.kafka._partition import Key, Partition, Record, Snapshot
+from brokerkit.backends.kafka._schedule import Batch, HandOut, Receipt
 from brokerkit.backends.kafka._thread import REVOKE_WAIT, Assigned, ConsumerThread
 
 __all__ = ["FLUSH_DELAY", "KafkaReceiver"]
@@ -72,7 +72,7 @@ class KafkaReceiver(Receiver[Receipt]):
         self._loop = asyncio.get_running_loop()
         self._dedup_window = link.options.dedup_window
         self._parts: dict[int, Partition] = {}
-        self._schedule = HandOut(settings.ack_timeout)
+        self._schedule = HandOut(settings.ack_timeout, self._moved_soon)
         self._wake = asyncio.Event()
         self._flush_handle: asyncio.TimerHandle | None = None
         self._staging: asyncio.Future[None] | None = None
@@ -161,15 +161,15 @@ class KafkaReceiver(Receiver[Receipt]):
         while True:
             now = time.monotonic()
             delivered = schedule.hand_over(max_messages, now)
-            if not delivered:
+            if not delivered[0]:
                 self._apply_moved()
                 taken = schedule.take(max_messages, now)
-                if taken:
+                if taken[0]:
                     delivered = await self._persist(taken)
-            if delivered:
-                if len(delivered) == max_messages:
+            if delivered[0]:
+                if len(delivered[0]) == max_messages:
                     self._stage_next(max_messages)
-                return self._deliveries(delivered)
+                return self._deliveries(*delivered)
             now = time.monotonic()
             if now >= end:
                 return []
@@ -195,41 +195,49 @@ class KafkaReceiver(Receiver[Receipt]):
         if self._schedule.stage(max_messages, time.monotonic()):
             self._staging = asyncio.ensure_future(self._stage(self._schedule.staged))
 
-    async def _stage(self, taken: list[Receipt]) -> None:
+    async def _stage(self, taken: Batch) -> None:
         try:
             await self._persist(taken)  # a failure gives the records back
         finally:
             self._staging = None
 
-    async def _persist(self, taken: list[Receipt]) -> list[Receipt]:
+    async def _persist(self, taken: Batch) -> Batch:
         """Commit the counts of ``taken``; returns those recorded (the rest go back)."""
-        parts = {receipt.key.part for receipt in taken}
+        records, tokens = taken
+        parts = {rec.part for rec in records}
         started = time.monotonic()
         ok = await self._thread.commit([part.snapshot() for part in parts])
         now = time.monotonic()
         # a take is given back meanwhile only by a revoke or by its lease running out
         check = now - started >= self._schedule.lease or any(p.revoking for p in parts)
         schedule = self._schedule
-        delivered: list[Receipt] = []
+        # (a part stays dirty: acks made while this commit was in flight are not in it)
+        if not check and len(ok) == len(parts) and not any(p.gone for p in parts):
+            return taken  # the common case: every count recorded, every lease live
+        delivered: tuple[list[Record], list[Receipt]] = ([], [])
         failed: list[Receipt] = []
-        for receipt in taken:
-            part = receipt.key.part
-            if part.gone or (check and not schedule.holds(receipt, now)):
+        for rec, token in zip(records, tokens, strict=True):
+            part = rec.part
+            if part.gone or (check and not schedule.holds(token, now)):
                 continue
-            # (a part stays dirty: acks made while this commit was in flight are not in it)
-            (delivered if part.key in ok else failed).append(receipt)
+            if part.key in ok:
+                delivered[0].append(rec)
+                delivered[1].append(token)
+            else:
+                failed.append(token)
         if failed:
             # not recorded: give them back uncounted and try again later
-            if schedule.give_back(failed, now) and not delivered:
+            if schedule.give_back(failed, now) and not delivered[0]:
                 await asyncio.sleep(0.1)
         return delivered
 
-    def _deliveries(self, receipts: list[Receipt]) -> list[Delivery[Receipt]]:
+    def _deliveries(
+        self, records: list[Record], receipts: Sequence[Receipt]
+    ) -> list[Delivery[Receipt]]:
         """One ``Delivery`` per record (positional: this runs once per message)."""
         out: list[Delivery[Receipt]] = []
         append = out.append
-        for receipt in receipts:
-            rec = receipt.key
+        for rec, receipt in zip(records, receipts, strict=True):
             part = rec.part
             offset = rec.offset
             extras = part.extras.copy()
@@ -253,14 +261,11 @@ class KafkaReceiver(Receiver[Receipt]):
 
     async def ack(self, delivery: Delivery[Receipt]) -> None:
         """ack -> settled in memory; the commit follows within ack_flush_interval."""
-        receipt = delivery.receipt
         try:
-            moved = self._schedule.settle(receipt, time.monotonic())
+            rec = self._schedule.settle(delivery.receipt, time.monotonic())
         except LeaseExpired:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
-        if moved:
-            self._loop.call_soon(self._apply_moved)
-        self._mark_dirty(receipt.key.part)
+        self._mark_dirty(rec.part)
 
     async def nack(self, delivery: Delivery[Receipt], delay: float) -> None:
         """nack -> held in memory until due; the group stays blocked; due time committed."""
@@ -281,6 +286,9 @@ class KafkaReceiver(Receiver[Receipt]):
             self._schedule.extend(delivery.receipt, ack_timeout, time.monotonic())
         except LeaseExpired:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
+
+    def _moved_soon(self) -> None:
+        self._loop.call_soon(self._apply_moved)
 
     def _apply_moved(self) -> None:
         """Moved commit points bring records into the window; tell the thread when a

@@ -2,7 +2,8 @@
 
 One book per receiver holds the records of every owned partition that the window
 admitted: ready, due later (a nack delay), or leased (a token and a deadline). The
-receipt of a delivery is its ``Leased`` (record + token); a stale one is refused.
+receipt of a delivery is its lease token (an int, process-unique); a stale one is
+refused. A take's tokens are consecutive, so a batch's receipts are a ``range``.
 
 Kafka adds three things around the book:
 
@@ -21,31 +22,37 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
-from brokerkit.backends import LeaseBook, Leased
+from brokerkit.backends import LeaseBook
 from brokerkit.backends.kafka._partition import Partition, Record
 
-__all__ = ["HandOut", "Receipt"]
+__all__ = ["Batch", "HandOut", "Receipt"]
 
-Receipt = Leased[Record]
-"""What a Kafka delivery carries to settle: the record and the token of its lease."""
+Receipt = int
+"""What a Kafka delivery carries to settle: the token of its lease (process-unique)."""
+Batch = tuple[list[Record], Sequence[Receipt]]
+"""Records handed out and their receipts, in the same order."""
 
 _group_of = attrgetter("fifo_group")
+_NONE: Batch = ([], ())
 
 
 class HandOut:
     """The schedule of one receiver; see the module docstring. Event-loop side only."""
 
-    __slots__ = ("_book", "_moved", "lease", "staged")
+    __slots__ = ("_book", "_moved", "_on_moved", "lease", "staged")
 
-    def __init__(self, ack_timeout: float) -> None:
+    def __init__(self, ack_timeout: float, on_moved: Callable[[], None] = lambda: None) -> None:
         self._book: LeaseBook[Record] = LeaseBook()
         self.lease = ack_timeout
-        self.staged: list[Receipt] = []
+        self.staged: Batch = _NONE
         """Taken and counted, lease not started: the next receive's batch."""
         self._moved: list[Partition] = []
+        self._on_moved = on_moved
+        """Called when a settle may have moved a commit point and no ``apply_moved`` is
+        pending (the receiver schedules one on the next loop iteration)."""
 
     def __len__(self) -> int:
         return len(self._book)
@@ -65,96 +72,97 @@ class HandOut:
         else:
             book.add_many(zip(records, map(_group_of, records), strict=True), now)
 
-    def take(self, max_records: int, now: float) -> list[Receipt]:
+    def take(self, max_records: int, now: float) -> Batch:
         """Lease up to ``max_records`` due records for ``ack_timeout``; each is counted."""
         self.expire(now)
-        return self._counted(self._book.take(max_records, now, self.lease))
+        return self._counted(self._book.take_keys(max_records, now, self.lease))
 
     def stage(self, max_records: int, now: float) -> bool:
         """Take and count the next batch now; its lease starts at ``hand_over``."""
-        if self.staged:
+        if self.staged[0]:
             return False
         self.expire(now)
-        self.staged = self._counted(self._book.take(max_records, now, math.inf))
-        return bool(self.staged)
+        self.staged = self._counted(self._book.take_keys(max_records, now, math.inf))
+        return bool(self.staged[0])
 
-    def hand_over(self, max_records: int, now: float) -> list[Receipt]:
+    def hand_over(self, max_records: int, now: float) -> Batch:
         """Start the lease of up to ``max_records`` staged records (those still held)."""
-        staged = self.staged
-        if not staged:
-            return []
-        if len(staged) > max_records:
-            staged, self.staged = staged[:max_records], staged[max_records:]
+        records, tokens = self.staged
+        if not records:
+            return _NONE
+        if len(records) > max_records:
+            self.staged = (records[max_records:], tokens[max_records:])
+            records, tokens = records[:max_records], tokens[:max_records]
         else:
-            self.staged = []
-        return self._book.extend_many(staged, now + self.lease, now)
+            self.staged = _NONE
+        live = self._book.extend_many(tokens, now + self.lease, now)
+        if len(live) == len(tokens):
+            return records, tokens
+        key_of = self._book.key_of
+        return [rec for t in live if (rec := key_of(t)) is not None], live
 
     def unstage(self, parts: Iterable[Partition] | None = None) -> list[Record]:
         """Give staged records back uncounted (all, or those of ``parts``); returns them."""
+        records, tokens = self.staged
         if parts is None:
-            back, self.staged = self.staged, []
+            back, self.staged = tokens, _NONE
         else:
             which = set(parts)
-            back = [r for r in self.staged if r.key.part in which]
-            self.staged = [r for r in self.staged if r.key.part not in which]
+            keep = [i for i, rec in enumerate(records) if rec.part not in which]
+            back = [t for rec, t in zip(records, tokens, strict=True) if rec.part in which]
+            self.staged = ([records[i] for i in keep], [tokens[i] for i in keep])
         return self.give_back(back, time.monotonic())
 
-    def give_back(self, receipts: Iterable[Receipt], now: float) -> list[Record]:
+    def give_back(self, tokens: Iterable[Receipt], now: float) -> list[Record]:
         """Records the caller never had (released, or their count commit failed): due now,
         uncounted. Those no longer held are skipped. Returns the ones given back."""
         book = self._book
         out: list[Record] = []
-        for receipt in receipts:
-            rec = receipt.key
-            if not book.holds(rec, receipt.token, now):
+        for token in tokens:
+            if not book.holds_token(token, now):
                 continue
+            rec = book.requeue_token(token, now, now)
             rec.count -= 1
             rec.due = 0.0
-            book.requeue(rec, receipt.token, now, now)
             self._park_if_revoking(rec, now)
             out.append(rec)
         return out
 
-    def _counted(self, leases: list[Receipt]) -> list[Receipt]:
-        for lease in leases:
-            rec = lease.key
+    def _counted(self, taken: tuple[list[Record], int]) -> Batch:
+        records, first = taken
+        for rec in records:
             rec.count += 1
             rec.due = 0.0
             part = rec.part
             if rec.offset > part.top:
                 part.top = rec.offset
-        return leases
+        return records, range(first, first + len(records))
 
     # -- settling -----------------------------------------------------------------------------
 
-    def settle(self, receipt: Receipt, now: float) -> bool:
-        """Ack or dead-letter: the record leaves (LeaseExpired if the lease was lost).
-
-        True when its partition's commit point may have moved and nothing is pending
-        for ``apply_moved`` yet (the caller schedules one call).
-        """
-        rec = receipt.key
-        self._book.settle(rec, receipt.token, now)
+    def settle(self, token: Receipt, now: float) -> Record:
+        """Ack or dead-letter: the record leaves (LeaseExpired if the lease was lost)."""
+        rec = self._book.settle_token(token, now)
         part = rec.part
         if part.settle(rec):
             self._moved.append(part)
-            return len(self._moved) == 1
-        return False
+            if len(self._moved) == 1:
+                self._on_moved()
+        return rec
 
-    def nack(self, receipt: Receipt, delay: float, now: float) -> Record:
+    def nack(self, token: Receipt, delay: float, now: float) -> Record:
         """Due again ``delay`` s from now; its group stays held by it."""
-        rec = receipt.key
-        self._book.requeue(rec, receipt.token, now + delay, now)
+        rec = self._book.requeue_token(token, now + delay, now)
         rec.due = time.time() + delay
         self._park_if_revoking(rec, now)
         return rec
 
-    def holds(self, receipt: Receipt, now: float) -> bool:
-        """True while ``receipt`` is the live lease of its record."""
-        return self._book.holds(receipt.key, receipt.token, now)
+    def holds(self, token: Receipt, now: float) -> bool:
+        """True while ``token`` is a live lease."""
+        return self._book.holds_token(token, now)
 
-    def extend(self, receipt: Receipt, ack_timeout: float, now: float) -> None:
-        self._book.extend(receipt.key, receipt.token, now + ack_timeout, now)
+    def extend(self, token: Receipt, ack_timeout: float, now: float) -> None:
+        self._book.extend_token(token, now + ack_timeout, now)
 
     def expire(self, now: float) -> None:
         """End the leases past their deadline: due again, unless their partition is going."""
@@ -227,5 +235,7 @@ class HandOut:
             part.gone = gone = True
             for rec in part.records.values():
                 book.remove(rec, now=now)
-        if gone and self.staged:
-            self.staged = [r for r in self.staged if not r.key.part.gone]
+        records, tokens = self.staged
+        if gone and records:
+            keep = [i for i, rec in enumerate(records) if not rec.part.gone]
+            self.staged = ([records[i] for i in keep], [tokens[i] for i in keep])

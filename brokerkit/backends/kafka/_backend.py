@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -58,8 +57,6 @@ from brokerkit.backends.kafka._produce import Batch, Headers, produce
 from brokerkit.backends.kafka._receiver import KafkaReceiver
 
 __all__ = ["KafkaBackend"]
-
-LOG = logging.getLogger(__name__)
 
 MAX_BODY = 900 * 1024
 """Largest body: librdkafka's ``message.max.bytes`` (1 MB) minus headers, key and framing."""

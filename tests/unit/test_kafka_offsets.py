@@ -130,3 +130,13 @@ def test_the_error_table_maps_driver_errors_to_one_hierarchy_and_keeps_the_cause
     assert (down.host, down.port) == ("k1", 9093) and "k2:9092" in str(down)
     assert is_transient(KafkaException(KafkaError(KafkaError._TRANSPORT)))
     assert not is_transient(KafkaException(KafkaError(KafkaError.INVALID_REPLICATION_FACTOR)))
+
+
+async def test_a_backend_that_is_not_open_raises_resource_closed() -> None:
+    from brokerkit.backends import Outgoing, QueueRef, ResourceClosed
+
+    backend = KafkaBackend.from_url(BrokerURL.parse("kafka://127.0.0.1:1"))
+    with pytest.raises(ResourceClosed):
+        await backend.publish(QueueRef("q"), [Outgoing(b"x")])
+    with pytest.raises(ResourceClosed):
+        await backend.delete_queue("q")

@@ -317,12 +317,11 @@ class LeaseBook(Generic[K]):
     def counts(self, now: float) -> tuple[int, int, int]:
         """``(ready, leased, delayed)``: due now (or waiting behind its group's head), under
         a live lease, or nacked with a delay not yet over. Costs one pass over the items."""
-        due_later = {key for due, _, key in self._ready if due > now}
         leased = delayed = 0
-        for key, item in self._items.items():
+        for item in self._items.values():
             if item.token and item.deadline >= now:
                 leased += 1
-            elif not item.token and key in due_later:
+            elif not item.token and item.due > now:
                 delayed += 1
         return len(self._items) - leased - delayed, leased, delayed
 

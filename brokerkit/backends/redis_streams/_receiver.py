@@ -268,14 +268,14 @@ class RedisReceiver(Receiver[Receipt]):
                     self._flusher = asyncio.ensure_future(self._flush_loop())
             acks.append(receipt)
             if renewal is not None:
-                del self._renewed[renewal]
+                self._renewed.pop(renewal, None)
             if len(acks) >= _ACK_BACKLOG:
                 await self._flush()  # back-pressure on a caller acking faster than Redis
             return
         fifo = delivery.fifo_group
         lost = await self._ack_now([(receipt[0], receipt[1], fifo.encode() if fifo else b"")])
         if renewal is not None:
-            del self._renewed[renewal]
+            self._renewed.pop(renewal, None)
         if lost:
             raise _lost(delivery)
 

@@ -3,6 +3,10 @@
 ``error_map(what, hosts)`` is the backend's ``ErrorMap`` table, most specific first; the
 text names the operation and the servers (never credentials). ``NatsLink.errors(what)``
 keeps one per operation, so a hot path (ack) pays for no table building.
+
+nats-py's MsgAlreadyAckdError has no rule of its own: settling twice is refused by the
+facade (AlreadySettled) before a receiver is called, and the receiver settles each
+message once, so meeting it would be a bug, reported by the last rule.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from collections.abc import Sequence
 import nats.errors
 import nats.js.errors
 
-from brokerkit import AlreadySettled
 from brokerkit.backends import (
     BrokerRefused,
     BrokerUnavailable,
@@ -81,10 +84,6 @@ def error_map(what: str, hosts: Sequence[HostPort]) -> ErrorMap:
         (
             nats.errors.MaxPayloadError,
             lambda e: MessageTooLarge(f"{what}: the message exceeds the server's max_payload"),
-        ),
-        (
-            nats.errors.MsgAlreadyAckdError,
-            lambda e: AlreadySettled(f"{what}: the message was already settled"),
         ),
         (nats.js.errors.APIError, lambda e: _refusal(e, what, where)),
         (

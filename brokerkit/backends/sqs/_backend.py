@@ -149,7 +149,9 @@ class SqsBackend(Backend):
             async def ping() -> Any:
                 # any answer proves the endpoint is there; AccessDenied is an answer too
                 try:
-                    return await link.start("list_queues", QueueNamePrefix="brokerkit", MaxResults=1)
+                    return await link.start(
+                        "list_queues", QueueNamePrefix="brokerkit", MaxResults=1
+                    )
                 except Exception as exc:
                     if is_transient(exc):
                         raise

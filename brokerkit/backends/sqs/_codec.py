@@ -29,7 +29,7 @@ from typing import Any
 
 from brokerkit.backends import NO_HEADERS, Outgoing
 
-__all__ = ["META", "BODY", "Decoded", "decode", "encode"]
+__all__ = ["BODY", "META", "Decoded", "decode", "encode"]
 
 META = "brokerkit"
 BODY = "brokerkit.body"

@@ -35,10 +35,12 @@ from brokerkit.backends import (
     MessageTooLarge,
 )
 
-__all__ = ["NOT_FOUND", "DELETED_RECENTLY", "aws_code", "error_map", "is_transient", "scrub"]
+__all__ = ["DELETED_RECENTLY", "NOT_FOUND", "aws_code", "error_map", "is_transient", "scrub"]
 
 NOT_FOUND = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
-DELETED_RECENTLY = frozenset({"AWS.SimpleQueueService.QueueDeletedRecently", "QueueDeletedRecently"})
+DELETED_RECENTLY = frozenset(
+    {"AWS.SimpleQueueService.QueueDeletedRecently", "QueueDeletedRecently"}
+)
 _EXISTS = frozenset({"QueueAlreadyExists", "QueueNameExists"})
 _STALE = frozenset(
     {
@@ -71,7 +73,12 @@ _THROTTLED = frozenset(
     }
 )
 _TOO_LONG = frozenset({"MessageTooLong", "BatchRequestTooLong"})
-_CONNECTION = (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError, ReadTimeoutError)
+_CONNECTION = (
+    EndpointConnectionError,
+    ConnectTimeoutError,
+    ConnectionClosedError,
+    ReadTimeoutError,
+)
 
 _PATTERNS = (
     re.compile(r"\b(?:AKIA|ASIA|AROA|AIDA)[A-Z0-9]{12,}\b"),

@@ -123,9 +123,7 @@ async def _send_chunk(
         if retry:
             # order within a group: a failed entry must not follow an accepted later one
             lowest = todo[0]
-            later_groups = {
-                entries[i][0]["MessageGroupId"] for i in chunk if i > lowest and ids[i]
-            }
+            later_groups = {entries[i][0]["MessageGroupId"] for i in chunk if i > lowest and ids[i]}
             retry = not any(entries[i][0]["MessageGroupId"] in later_groups for i in todo)
         if not retry:
             if code in ("MessageTooLong", "BatchRequestTooLong"):

@@ -105,6 +105,7 @@ class SqsReceiver(Receiver[Receipt]):
         self._ready: deque[Delivery[Receipt]] = deque()
         self._wake = asyncio.Event()
         self._closed = False
+        self._orphans: set[asyncio.Task[None]] = set()
 
     # ---------------------------------------------------------------- receive
     async def receive(self, max_messages: int, wait: float) -> list[Delivery[Receipt]]:
@@ -208,7 +209,9 @@ class SqsReceiver(Receiver[Receipt]):
         messages = future.result().get("Messages") or []
         handles = [(m["MessageId"], m["ReceiptHandle"]) for m in messages]
         if handles:
-            asyncio.ensure_future(self._give_back(handles))
+            task = asyncio.ensure_future(self._give_back(handles))
+            self._orphans.add(task)
+            task.add_done_callback(self._orphans.discard)
 
     def _expire(self, now: float) -> None:
         for key, group in list(self._groups.items()):
@@ -287,7 +290,9 @@ class SqsReceiver(Receiver[Receipt]):
         receipt = self._check(delivery)
         if time.monotonic() + self._flush_interval + _ACK_MARGIN > receipt.deadline:
             # too close to the lease's end to coalesce: delete now, and know it landed
-            await self._link.call("delete_message", QueueUrl=self._url, ReceiptHandle=receipt.handle)
+            await self._link.call(
+                "delete_message", QueueUrl=self._url, ReceiptHandle=receipt.handle
+            )
             if time.monotonic() > receipt.deadline:
                 self._lost(delivery)
                 raise LeaseExpired(

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from brokerkit.backends import (
     Backend,
+    BrokerRefused,
     BrokerURL,
     Capabilities,
     ConfigError,
@@ -23,7 +24,7 @@ from brokerkit.backends import (
     parse_options,
     retry_unavailable,
 )
-from brokerkit.backends.sqs._errors import error_map, is_transient
+from brokerkit.backends.sqs._errors import DENIED, NOT_FOUND, aws_code, error_map, is_transient
 from brokerkit.backends.sqs._link import Link, sqs_name
 from brokerkit.backends.sqs._options import SqsOptions
 from brokerkit.backends.sqs._publish import MESSAGE_LIMIT, publish
@@ -94,9 +95,11 @@ class SqsBackend(Backend):
         endpoint are the client's. The client is not closed by ``aclose``.
         """
         parsed = parse_options(options, SqsOptions, scheme="sqs")
-        if hasattr(client, "create_client") or hasattr(client, "client"):
+        if hasattr(client, "resource") and hasattr(client, "client"):  # a boto3.Session
             return cls(parsed, session=client)
-        return cls(parsed, client=client)
+        backend = cls(parsed, client=client)
+        backend.endpoint = _endpoint_of(client.meta.endpoint_url, client.meta.region_name)
+        return backend
 
     # ---------------------------------------------------------------- connect
     def _make_client(self) -> tuple[Any, list[str]]:
@@ -153,11 +156,11 @@ class SqsBackend(Backend):
                         "list_queues", QueueNamePrefix="brokerkit", MaxResults=1
                     )
                 except Exception as exc:
+                    if aws_code(exc) in DENIED:
+                        return None
                     if is_transient(exc):
-                        raise
+                        raise  # retry_unavailable retries, then BrokerUnavailable
                     with errors:
-                        if "AccessDenied" in str(getattr(exc, "response", {})):
-                            return None
                         raise
 
             await retry_unavailable(
@@ -232,9 +235,6 @@ class SqsBackend(Backend):
             if url is not None:
                 try:
                     await link.call("delete_queue", QueueUrl=url)
-                except Exception as exc:
-                    if getattr(exc, "code", None) not in (
-                        "AWS.SimpleQueueService.NonExistentQueue",
-                        "QueueDoesNotExist",
-                    ):
+                except BrokerRefused as exc:
+                    if exc.code not in NOT_FOUND:  # deleted meanwhile: fine
                         raise

@@ -35,7 +35,15 @@ from brokerkit.backends import (
     MessageTooLarge,
 )
 
-__all__ = ["DELETED_RECENTLY", "NOT_FOUND", "aws_code", "error_map", "is_transient", "scrub"]
+__all__ = [
+    "DELETED_RECENTLY",
+    "DENIED",
+    "NOT_FOUND",
+    "aws_code",
+    "error_map",
+    "is_transient",
+    "scrub",
+]
 
 NOT_FOUND = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
 DELETED_RECENTLY = frozenset(
@@ -62,7 +70,7 @@ _CREDENTIALS = frozenset(
         "MissingAuthenticationToken",
     }
 )
-_DENIED = frozenset({"AccessDenied", "AccessDeniedException", "KmsAccessDenied"})
+DENIED = frozenset({"AccessDenied", "AccessDeniedException", "KmsAccessDenied"})
 _THROTTLED = frozenset(
     {
         "RequestThrottled",
@@ -145,7 +153,7 @@ def error_map(endpoint: HostPort, where: str) -> ErrorMap:
             return MessageTooLarge(f"SQS at {where} refused the message size: {_message(exc)}")
         if code in _CREDENTIALS:
             return ConfigError(f"SQS at {where} refused the AWS credentials ({code})")
-        if code in _DENIED:
+        if code in DENIED:
             return BrokerRefused(
                 f"SQS at {where}: access denied for {op} (see docs/backends/sqs.md for "
                 "the IAM permissions brokerkit needs)",

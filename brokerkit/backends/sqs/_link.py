@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from brokerkit.backends import ConfigError, ErrorMap, QueueRef, UnsupportedFeature
-from brokerkit.backends.sqs._errors import DELETED_RECENTLY, NOT_FOUND, aws_code, scrub
+from brokerkit.backends.sqs._errors import DELETED_RECENTLY, DENIED, NOT_FOUND, aws_code, scrub
 
 __all__ = ["FIFO_ATTRIBUTES", "Link", "sqs_name"]
 
@@ -111,7 +111,7 @@ class Link:
                     _log.info("SQS queue %s was deleted less than 60 s ago; waiting", name)
                     await asyncio.sleep(5.0)
                     continue
-                if code in ("AccessDenied", "AccessDeniedException"):
+                if code in DENIED:
                     # declared by an operator; this service may only look it up
                     reply = await self.call("get_queue_url", QueueName=name)
                     return str(reply["QueueUrl"])

@@ -96,7 +96,7 @@ async def main() -> None:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--inflight", type=int, default=8)
+    parser.add_argument("--inflight", type=int, default=12)
     parser.add_argument("--prefetch", type=int, default=32)
     args = parser.parse_args()
     body = "x" * args.size

@@ -24,7 +24,7 @@ __all__ = ["MESSAGE_LIMIT", "publish"]
 MESSAGE_LIMIT = 1024 * 1024
 """SQS's limit per message and per SendMessageBatch call (body + attributes), in bytes."""
 _BATCH = 10
-_IN_FLIGHT = 8
+_IN_FLIGHT = 12
 _RETRIES = 3
 
 

@@ -1,10 +1,11 @@
 """Raw boto3 vs brokerkit on SQS FIFO, in one run: publish and consume+ack.
 
     python benchmarks/bench_sqs.py [--url "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1"]
-                                   [--messages 5000] [--rounds 5] [--size 100] [--inflight 8]
+                                   [--messages 3000] [--rounds 7] [--size 100] [--inflight 12]
 
 Raw publish, at best practice: ``SendMessageBatch`` of 10 entries, ``--inflight`` calls at
-once (a thread pool of that size over one client), each entry with its own
+once (a thread pool of that size over one client; brokerkit also keeps 12 in flight), in
+the same batches of 500 messages that brokerkit's ``publish_many`` gets, each entry with its own
 MessageGroupId and MessageDeduplicationId (what any FIFO producer without ordering needs;
 brokerkit makes the same ids for messages without a fifo_group). Raw consume+ack: one
 loop of ``ReceiveMessage(MaxNumberOfMessages=10, WaitTimeSeconds=1)``, each batch deleted
@@ -46,7 +47,9 @@ def raw_client(url: str, threads: int) -> Any:
     )
 
 
-def raw_publish(client: Any, pool: ThreadPoolExecutor, url: str, count: int, body: str) -> float:
+def raw_publish(
+    client: Any, pool: ThreadPoolExecutor, url: str, count: int, body: str, batch: int
+) -> float:
     def send(n: int) -> None:
         entries = [
             {
@@ -61,9 +64,11 @@ def raw_publish(client: Any, pool: ThreadPoolExecutor, url: str, count: int, bod
         assert not reply.get("Failed"), reply.get("Failed")
 
     started = time.perf_counter()
-    futures = [pool.submit(send, min(10, count - sent)) for sent in range(0, count, 10)]
-    for future in futures:
-        future.result()
+    for first in range(0, count, batch):  # the same batches brokerkit's publish_many gets
+        last = min(first + batch, count)
+        futures = [pool.submit(send, min(10, last - sent)) for sent in range(first, last, 10)]
+        for future in futures:
+            future.result()
     return count / (time.perf_counter() - started)
 
 
@@ -93,8 +98,8 @@ def raw_consume(client: Any, pool: ThreadPoolExecutor, url: str, count: int) -> 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--inflight", type=int, default=12)
     parser.add_argument("--prefetch", type=int, default=32)
@@ -112,7 +117,7 @@ async def main() -> None:
             queue = f"bench-{uuid.uuid4().hex[:12]}"
             n = args.messages
             rates["raw_pub"].append(
-                await loop.run_in_executor(None, raw_publish, client, pool, url, n, body)
+                await loop.run_in_executor(None, raw_publish, client, pool, url, n, body, 500)
             )
             rates["bk_pub"].append(await publish_rate(broker, queue, n, body.encode()))
             rates["raw_con"].append(

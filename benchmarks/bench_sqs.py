@@ -1,10 +1,10 @@
 """Raw boto3 vs brokerkit on SQS FIFO, in one run: publish and consume+ack.
 
     python benchmarks/bench_sqs.py [--url "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1"]
-                                   [--messages 3000] [--rounds 7] [--size 100] [--inflight 12]
+                                   [--messages 3000] [--rounds 7] [--size 100] [--inflight 16]
 
 Raw publish, at best practice: ``SendMessageBatch`` of 10 entries, ``--inflight`` calls at
-once (a thread pool of that size over one client; brokerkit also keeps 12 in flight), in
+once (a thread pool of that size over one client; brokerkit's own pool, threads=, is 16 too), in
 the same batches of 500 messages that brokerkit's ``publish_many`` gets, each entry with its own
 MessageGroupId and MessageDeduplicationId (what any FIFO producer without ordering needs;
 brokerkit makes the same ids for messages without a fifo_group). Raw consume+ack: one
@@ -101,7 +101,7 @@ async def main() -> None:
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--inflight", type=int, default=12)
+    parser.add_argument("--inflight", type=int, default=16)
     parser.add_argument("--prefetch", type=int, default=32)
     args = parser.parse_args()
     body = "x" * args.size

@@ -20,6 +20,8 @@ its name, its data type and its value.
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import struct
 import uuid
@@ -43,7 +45,26 @@ _ATTR_COST_BODY = len(BODY) + len("Binary")
 _NOT_TEXT = re.compile("[^\t\n\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _KEY = struct.Struct(">H")
 _VALUE = struct.Struct(">I")
-_new_id = uuid.uuid4
+
+
+class _Ids:
+    """Unique ids, cheaply: a random 128-bit prefix per process plus a counter (a fresh
+    prefix after ``fork``, so parent and child never make the same id: a repeated
+    deduplication id would make SQS drop a message)."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self._prefix = uuid.uuid4().hex
+        self._next = itertools.count().__next__
+
+    def new(self) -> str:
+        return f"{self._prefix}{self._next():x}"
+
+
+_ids = _Ids()
 
 
 def _pack_headers(headers: Mapping[str, str]) -> bytes:
@@ -82,12 +103,12 @@ def encode(message: Outgoing) -> tuple[dict[str, Any], int]:
         size = len(body)
     group = message.fifo_group
     if group is None:
-        group = "bk-" + _new_id().hex
+        group = "bk-" + _ids.new()
     else:
         flags |= _USER_GROUP
     dedup = message.dedup_id
     if dedup is None:
-        dedup = _new_id().hex
+        dedup = _ids.new()
     else:
         flags |= _USER_DEDUP
     meta = bytes((_VERSION, flags))

@@ -1,7 +1,8 @@
 """Publishing: SendMessage for one message, SendMessageBatch chunks for many.
 
 Chunks hold at most 10 entries and 1 MiB (SQS's per-call limits, counted as SQS counts
-them). Several chunks are in flight at once, except that a chunk waits for every earlier
+them). Several chunks are in flight at once (as many as the connection's pool has
+threads), except that a chunk waits for every earlier
 chunk that shares a fifo group with it (entries of one call keep their order within a
 group; two calls in flight do not). Failed entries are retried where SQS says the fault
 was its own and the group order allows it (every entry has a deduplication id, so a
@@ -24,7 +25,6 @@ __all__ = ["MESSAGE_LIMIT", "publish"]
 MESSAGE_LIMIT = 1024 * 1024
 """SQS's limit per message and per SendMessageBatch call (body + attributes), in bytes."""
 _BATCH = 10
-_IN_FLIGHT = 12
 _RETRIES = 3
 
 
@@ -73,13 +73,16 @@ async def publish(
         reply = await link.call("send_message", QueueUrl=url, **entry)
         return [PublishResult(str(reply["MessageId"]))]
     ids: list[str | None] = [None] * len(entries)
-    gate = asyncio.Semaphore(_IN_FLIGHT)
     last: dict[str, asyncio.Task[None]] = {}
     tasks: list[asyncio.Task[None]] = []
     for chunk in _chunks(entries):
         groups = {entries[i][0]["MessageGroupId"] for i in chunk if grouped[i]}
         after = {last[g] for g in groups if g in last}
-        task = asyncio.ensure_future(_send_chunk(link, url, entries, chunk, ids, after, gate))
+        # a chunk that waits for nobody goes to the pool at once: its threads (``threads=``)
+        # bound how many calls are in flight, and a thread that finishes one call takes the
+        # next without a trip through the event loop
+        started = None if after else _start(link, url, entries, chunk)
+        task = asyncio.ensure_future(_send_chunk(link, url, entries, chunk, ids, after, started))
         for g in groups:
             last[g] = task
         tasks.append(task)
@@ -95,6 +98,13 @@ async def publish(
     return [PublishResult(i) for i in ids if i is not None]
 
 
+def _start(
+    link: Link, url: str, entries: list[tuple[Any, int]], todo: list[int]
+) -> asyncio.Future[Any]:
+    batch = [{"Id": str(i), **entries[i][0]} for i in todo]
+    return link.start("send_message_batch", QueueUrl=url, Entries=batch)
+
+
 async def _send_chunk(
     link: Link,
     url: str,
@@ -102,15 +112,16 @@ async def _send_chunk(
     chunk: list[int],
     ids: list[str | None],
     after: set[asyncio.Task[None]],
-    gate: asyncio.Semaphore,
+    started: asyncio.Future[Any] | None,
 ) -> None:
     if after:
         await asyncio.gather(*after)  # an earlier chunk of one of its groups failed: raise
     todo = list(chunk)
     for attempt in range(_RETRIES + 1):
-        batch = [{"Id": str(i), **entries[i][0]} for i in todo]
-        async with gate:
-            reply = await link.call("send_message_batch", QueueUrl=url, Entries=batch)
+        future = started if started is not None else _start(link, url, entries, todo)
+        started = None
+        with link.errors:
+            reply = await future
         for ok in reply.get("Successful") or ():
             ids[int(ok["Id"])] = str(ok["MessageId"])
         failed = sorted(reply.get("Failed") or (), key=lambda f: int(f["Id"]))

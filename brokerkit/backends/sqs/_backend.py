@@ -112,6 +112,9 @@ class SqsBackend(Backend):
             read_timeout=opts.read_timeout + opts.wait,
             retries={"mode": "standard", "max_attempts": opts.max_attempts},
             max_pool_connections=opts.threads,
+            # brokerkit builds every request itself, from validated input: botocore's
+            # per-call walk of the request against the API model is pure overhead here
+            parameter_validation=False,
         )
         client = self._client
         if client is None:

@@ -181,3 +181,19 @@ async def test_an_endpoint_nobody_serves_is_broker_unavailable_naming_it() -> No
         await asyncio.wait_for(broker.open(), 60)
     assert f"127.0.0.1:{port}" in str(info.value)
     await broker.aclose()
+
+
+async def test_from_client_takes_a_boto3_session_too(queue: str) -> None:
+    params = brokerkit.BrokerURL.parse(URL).params
+    session = boto3.Session(
+        aws_access_key_id="brokerkit",
+        aws_secret_access_key="brokerkit",
+        region_name=params.get("region", "us-east-1"),
+    )
+    backend = SqsBackend.from_client(session, endpoint=params.get("endpoint"))
+    async with brokerkit.from_backend(backend) as broker:
+        await broker.publish(queue, b"via-session")
+        async with broker.consumer(queue, "it") as consumer:
+            msg = await asyncio.wait_for(consumer.__anext__(), WAIT)
+            assert msg.body == b"via-session"
+            await msg.ack()

@@ -188,8 +188,8 @@ class SqsBackend(Backend):
         executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
-        if self._own_client and self._client is not None and self._session is None:
-            self._client.close()
+        if self._own_client and self._client is not None:
+            self._client.close()  # ours (made from the URL or from the user's Session)
 
     # ---------------------------------------------------------------- publish
     async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:

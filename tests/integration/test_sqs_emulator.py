@@ -197,3 +197,16 @@ async def test_from_client_takes_a_boto3_session_too(queue: str) -> None:
             msg = await asyncio.wait_for(consumer.__anext__(), WAIT)
             assert msg.body == b"via-session"
             await msg.ack()
+
+
+async def test_publish_recreates_a_queue_deleted_by_another_connection(
+    broker: brokerkit.Broker, queue: str
+) -> None:
+    await broker.publish(queue, b"before")  # this connection caches the queue's URL
+    async with brokerkit.connect(URL) as other:
+        await other.delete_queue(queue)
+    await broker.publish(queue, b"after")
+    async with broker.consumer(queue, "it") as consumer:
+        msg = await asyncio.wait_for(consumer.__anext__(), WAIT)
+        assert msg.body == b"after"
+        await msg.ack()

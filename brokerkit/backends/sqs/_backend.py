@@ -204,7 +204,16 @@ class SqsBackend(Backend):
                 if message.dedup_id is None and original:
                     dedup[i] = "dlq-" + original[:120]
         grouped = [m.fifo_group is not None for m in messages]
-        return await publish(link, url, messages, dedup, grouped)
+        try:
+            return await publish(link, url, messages, dedup, grouped)
+        except BrokerRefused as exc:
+            if exc.code not in NOT_FOUND:
+                raise
+            # deleted since this connection cached its URL (delete_queue elsewhere): make
+            # it anew, as first use does; what the old queue took went with it
+            link.forget(sqs_name(link.prefix, queue))
+            url = await link.url(queue)
+            return await publish(link, url, messages, dedup, grouped)
 
     # -------------------------------------------------------------- subscribe
     async def subscribe(

@@ -10,7 +10,9 @@ deduplication ids were the publisher's or made up by us. So:
   holds a short note);
 * everything else is packed into ONE Binary attribute ``brokerkit``: a version byte, a
   flags byte (user's fifo_group? user's dedup_id? body in the attribute? empty body?),
-  then each header as ``u16 key length, key, u32 value length, value`` (UTF-8, exact);
+  then each header as ``u16 key length, key, u32 value length, value`` (UTF-8, exact).
+  A plain text message (no fifo_group, dedup_id or headers) has no attribute at all: its
+  made-up group id (``bk-`` + 33-48 hex digits) tells a receiver it is ours;
 * ``MessageGroupId``: the fifo_group, or a fresh unique id (full parallelism);
   ``MessageDeduplicationId``: the dedup_id, or a fresh unique id (never content-based).
 
@@ -43,6 +45,7 @@ _ATTR_COST_META = len(META) + len("Binary")
 _ATTR_COST_BODY = len(BODY) + len("Binary")
 # characters SQS refuses in a body (outside XML 1.0's Char), plus \r (see module docstring)
 _NOT_TEXT = re.compile("[^\t\n\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_MADE_UP_GROUP = re.compile(r"bk-[0-9a-f]{33,48}\Z")
 _KEY = struct.Struct(">H")
 _VALUE = struct.Struct(">I")
 
@@ -111,17 +114,21 @@ def encode(message: Outgoing) -> tuple[dict[str, Any], int]:
         dedup = _ids.new()
     else:
         flags |= _USER_DEDUP
-    meta = bytes((_VERSION, flags))
-    if message.headers:
-        meta += _pack_headers(message.headers)
-    attrs[META] = {"DataType": "Binary", "BinaryValue": meta}
-    size += _ATTR_COST_META + len(meta)
-    entry = {
+    entry: dict[str, Any] = {
         "MessageBody": sent,
         "MessageGroupId": group,
         "MessageDeduplicationId": dedup,
-        "MessageAttributes": attrs,
     }
+    if flags or message.headers:
+        meta = bytes((_VERSION, flags))
+        if message.headers:
+            meta += _pack_headers(message.headers)
+        attrs[META] = {"DataType": "Binary", "BinaryValue": meta}
+        size += _ATTR_COST_META + len(meta)
+    # else: a plain text message without group, dedup id or headers carries no attribute
+    # at all (the cheapest SQS message); its made-up group id says it is ours
+    if attrs:
+        entry["MessageAttributes"] = attrs
     return entry, size
 
 
@@ -171,8 +178,10 @@ def decode(message: Mapping[str, Any]) -> Decoded:
     attrs = message.get("MessageAttributes") or {}
     meta_attr = attrs.get(META)
     if meta_attr is None or not meta_attr.get("BinaryValue"):
-        # a message some other producer sent: its ids are all we know
         body = message.get("Body", "").encode()
+        if _MADE_UP_GROUP.match(group_key):  # ours: plain text, no group, dedup, headers
+            return Decoded(body, NO_HEADERS, None, None, group_key)
+        # a message some other producer sent: its ids are all we know
         return Decoded(body, NO_HEADERS, group_key or None, dedup, group_key)
     meta: bytes = meta_attr["BinaryValue"]
     flags = meta[1]

@@ -22,6 +22,8 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "kafka": ("brokerkit.backends.kafka:KafkaBackend", "kafka"),
     "nats": ("brokerkit.backends.nats:NatsBackend", "nats"),
     "tls": ("brokerkit.backends.nats:NatsBackend", "nats"),
+    "amqp": ("brokerkit.backends.rabbitmq:RabbitBackend", "rabbitmq"),
+    "amqps": ("brokerkit.backends.rabbitmq:RabbitBackend", "rabbitmq"),
 }
 
 

@@ -1,0 +1,249 @@
+"""RabbitBackend: URL and options, topology on first use, publishing with confirms."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import aio_pika
+import aiormq
+from pamqp.commands import Basic
+from pydantic import ValidationError
+
+from brokerkit.backends import (
+    Backend,
+    BrokerRefused,
+    BrokerURL,
+    Capabilities,
+    ConfigError,
+    Outgoing,
+    PublishResult,
+    QueueRef,
+    ReceiverSettings,
+    UnsupportedFeature,
+    parse_options,
+)
+from brokerkit.backends.rabbitmq._codec import new_id, properties
+from brokerkit.backends.rabbitmq._ledger import Ledger
+from brokerkit.backends.rabbitmq._link import Link, main_queues
+from brokerkit.backends.rabbitmq._options import RabbitOptions
+from brokerkit.backends.rabbitmq._receiver import RabbitReceiver, Source
+from brokerkit.backends.rabbitmq._topology import Topology, partition_of
+
+__all__ = ["RabbitBackend"]
+
+MAX_NACK_DELAY = 15 * 60.0
+"""A nacked message waits unacked on its receiver's channel; RabbitMQ's consumer_timeout
+(30 min by default) would close the channel on a longer hold."""
+
+
+class RabbitBackend(Backend):
+    """``amqp://`` / ``amqps://``: RabbitMQ quorum queues through aio-pika (see the package)."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("amqp", "amqps")
+
+    def __init__(
+        self,
+        options: RabbitOptions,
+        *,
+        url: BrokerURL | None = None,
+        connection: aio_pika.abc.AbstractConnection | None = None,
+    ) -> None:
+        self.options = options
+        self._url = url
+        self._link = Link(options, url=url, connection=connection)
+        self._receivers: set[RabbitReceiver] = set()
+        self._ledgers: dict[str, Ledger] = {}
+        self._window_ms = int(options.dedup_window * 1000)
+        self.capabilities = Capabilities(
+            max_message_bytes=options.max_message_bytes,
+            dedup_window=options.dedup_window,
+            dedup_window_configurable=True,
+            fan_out=False,
+            max_nack_delay=MAX_NACK_DELAY,
+            redelivery_slack=1.0,
+            ack_flush_interval=0.0,
+            extras={"partitions": options.partitions, "prefetch": options.prefetch},
+        )
+
+    def __repr__(self) -> str:
+        where = self._url.redacted() if self._url else "<user connection>"
+        return f"<RabbitBackend {where}>"
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: BrokerURL) -> RabbitBackend:
+        """``amqp://user:pass@host[:port][/vhost]?options``; no I/O."""
+        if len(url.hosts) > 1:
+            raise ConfigError(f"{url.scheme}:// URL takes one host (got {len(url.hosts)})")
+        options = parse_options(url, RabbitOptions)
+        if url.scheme != "amqps" and (options.tls_ca or options.tls_cert):
+            raise ConfigError("tls_ca / tls_cert / tls_key need an amqps:// URL")
+        return cls(options, url=url)
+
+    @classmethod
+    def from_client(
+        cls, connection: aio_pika.abc.AbstractConnection, **options: Any
+    ) -> RabbitBackend:
+        """Wrap the user's own connected aio-pika connection (``aclose`` leaves it open).
+
+        ``options`` are the URL query options as keywords (``partitions=16`` ...). Use
+        it as ``brokerkit.from_backend(RabbitBackend.from_client(connection))``.
+        """
+        try:
+            parsed = RabbitOptions.model_validate(options)
+        except ValidationError as exc:
+            names = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})
+            raise ConfigError(f"invalid RabbitMQ options: {', '.join(names)}") from None
+        return cls(parsed, connection=connection)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._link.open()
+
+    async def aclose(self) -> None:
+        for receiver in list(self._receivers):
+            await receiver.aclose()
+        self._receivers.clear()
+        for ledger in self._ledgers.values():
+            await ledger.aclose()
+        self._ledgers.clear()
+        await self._link.aclose()
+
+    # -- topology -----------------------------------------------------------------------
+
+    def _topology(self, queue: str) -> Topology:
+        return Topology(self.options.prefix, queue)
+
+    async def declare(self, queue: QueueRef, group: str | None = None) -> None:
+        topology = self._topology(queue.name)
+        partitions = await self._link.partitions(topology)
+        await self._link.ensure_all(main_queues(topology, partitions))
+        if group is not None:
+            await self._claim(topology, group, queue.dead_letters)
+
+    async def _claim(self, topology: Topology, group: str, dead_letters: bool) -> None:
+        owner = await self._link.claim_group(topology, group, dead_letters)
+        if owner != group:
+            kind = "DLQ of queue" if dead_letters else "queue"
+            raise UnsupportedFeature(
+                f"the {kind} {topology.queue!r} is consumed by group {owner!r}: RabbitMQ "
+                f"queues here have one consumer group each (capabilities.fan_out is False)"
+            )
+
+    async def delete_queue(self, queue: str) -> None:
+        """Delete every RabbitMQ queue of ``queue``: free, partitions, DLQ, ledger, markers."""
+        topology = self._topology(queue)
+        partitions = await self._link.partitions(topology)
+        names = topology.everything(partitions)
+        ledger = self._ledgers.pop(queue, None)
+        if ledger is not None:
+            await ledger.aclose()
+
+        async def delete(channel: aiormq.abc.AbstractChannel) -> None:
+            for name in names:
+                await channel.queue_delete(name)
+
+        self._link.forget(names, queue)
+        await self._link.admin(delete)
+        self._link.forget(names, queue)
+
+    # -- publishing ---------------------------------------------------------------------
+
+    async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """basic.publish (persistent, mandatory) through the default exchange to the target
+        queue; up to ``max_in_flight`` confirms awaited at once, in order."""
+        topology = self._topology(queue.name)
+        link = self._link
+        if queue.dead_letters:
+            await link.ensure_all(main_queues(topology, await link.partitions(topology)))
+            targets = [topology.dlq] * len(messages)
+        else:
+            partitions = await link.partitions(topology)
+            await link.ensure_all(main_queues(topology, partitions))
+            targets = [
+                topology.free
+                if m.fifo_group is None
+                else topology.partition(partition_of(m.fifo_group, partitions))
+                for m in messages
+            ]
+        ids = [new_id() for _ in messages]
+        window = self._window_ms
+        items = [
+            (target, m.body, properties(m, i, window))
+            for target, m, i in zip(targets, messages, ids, strict=True)
+        ]
+        await self._send(items)
+        return [PublishResult(i, duplicate=None) for i in ids]
+
+    async def _send(self, items: Sequence[tuple[str, bytes, Basic.Properties]]) -> None:
+        link = self._link
+        window = self.options.max_in_flight
+        timeout = self.options.request_timeout
+        channel = await link.publisher()
+        pending: list[asyncio.Future[Any]] = []
+        try:
+            with link.errors:
+                for target, body, props in items:
+                    if len(pending) >= window:
+                        _check(await asyncio.wait_for(pending.pop(0), timeout), target)
+                    pending.append(
+                        asyncio.ensure_future(
+                            channel.basic_publish(
+                                body, routing_key=target, properties=props, mandatory=True
+                            )
+                        )
+                    )
+                for fut in pending:
+                    _check(await asyncio.wait_for(fut, timeout), "")
+        finally:
+            for fut in pending:
+                if not fut.done():
+                    fut.cancel()
+
+    # -- consuming ----------------------------------------------------------------------
+
+    async def subscribe(
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> RabbitReceiver:
+        """Declare, claim the group, then consume the free queue and every partition (or
+        the DLQ) on a channel of the receiver's own."""
+        topology = self._topology(queue.name)
+        await self.declare(queue, group)
+        if queue.dead_letters:
+            sources = [Source(topology.dlq, ordered=False)]
+            ledger = None
+        else:
+            partitions = await self._link.partitions(topology)
+            sources = [
+                Source(topology.free, ordered=False),
+                *(Source(topology.partition(i), ordered=True) for i in range(partitions)),
+            ]
+            ledger = self._ledger(topology)
+        receiver = RabbitReceiver(
+            self._link, sources, settings, ledger=ledger, dead_letters=queue.dead_letters
+        )
+        await receiver.start()
+        self._receivers.add(receiver)
+        return receiver
+
+    def _ledger(self, topology: Topology) -> Ledger:
+        ledger = self._ledgers.get(topology.queue)
+        if ledger is None:
+            ledger = Ledger(self._link, topology, self.options.dedup_window)
+            self._ledgers[topology.queue] = ledger
+        return ledger
+
+
+def _check(confirm: Any, target: str) -> None:
+    if isinstance(confirm, Basic.Ack):
+        return
+    if isinstance(confirm, Basic.Nack):
+        raise BrokerRefused("RabbitMQ did not accept a message (basic.nack)")
+    raise BrokerRefused(
+        "RabbitMQ returned a message as unroutable: its queue does not exist"
+        + (f" ({target!r})" if target else "")
+    )

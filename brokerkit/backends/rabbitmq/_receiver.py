@@ -1,0 +1,435 @@
+"""RabbitReceiver: consumes a queue's RabbitMQ queues on one channel and holds its leases.
+
+Sources: for a queue, its free queue (competing consumers) and its N partition queues
+(``x-single-active-consumer``: one receiver at a time holds a partition, so it alone
+orders and gates the partition's groups); for a DLQ, the DLQ. ``basic.qos`` bounds the
+deliveries held per source (``?prefetch=``).
+
+States of a delivery held here (a ``_Held``): READY (deliverable; grouped ones only as
+their group's head, through a ``GroupGate``), LEASED (handed out: a token and a
+deadline), DELAYED (nacked: kept unacked on the channel until its due time; its group
+stays taken), RETURNING (``basic.reject(requeue=True)`` sent: the broker counts the
+failed delivery and puts the message back at the head of its queue; for a partition the
+group stays taken until the copy comes back to this receiver, so nothing later of the
+group overtakes it), GONE.
+
+* ack -> ``basic.ack``; nack(delay) -> DELAYED, then at the due time ``basic.reject``;
+  a nack without delay is rejected by the next ``receive`` (or after a grace), so a
+  consumer that nacks what it holds while closing has it counted once (by the channel
+  closing), not twice;
+* lease expiry -> this receiver rejects the message itself at ``ack_timeout``
+  (RabbitMQ's own consumer_timeout is 30 min and closes the whole channel); a late
+  settle raises LeaseExpired (the token moved on);
+* release / aclose -> nothing to send: closing the channel returns every unacked
+  delivery, in order;
+* the channel lost (connection drop, broker restart) -> every receipt is void
+  (LeaseExpired; the broker returned them all) and the next ``receive`` subscribes anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiormq
+from aiormq import exceptions as amqp
+
+from brokerkit import BrokerkitError
+from brokerkit.backends import (
+    Delivery,
+    GroupGate,
+    LeaseExpired,
+    Receiver,
+    ReceiverSettings,
+)
+from brokerkit.backends.rabbitmq._codec import Incoming, parse
+from brokerkit.backends.rabbitmq._ledger import Ledger
+from brokerkit.backends.rabbitmq._link import Link
+
+__all__ = ["RabbitReceiver", "Source"]
+
+_log = logging.getLogger(__name__)
+
+READY, LEASED, DELAYED, RETURNING, GONE = range(5)
+_JANITOR_TICK = 0.1
+_LAZY_GRACE = 1.0
+"""A nack without delay is rejected by the next receive, or by the janitor after this."""
+_RESUBSCRIBE_PAUSE = 1.0
+
+_tokens = itertools.count(1)
+
+
+@dataclass(eq=False, slots=True)
+class Source:
+    """One RabbitMQ queue this receiver consumes."""
+
+    name: str
+    ordered: bool
+    """A single-active-consumer partition: its groups are gated and held here."""
+    staging: deque[_Held] = field(default_factory=deque)
+    """Deliveries waiting for a dedup verdict (and whatever arrived behind them)."""
+
+
+class _Held:
+    __slots__ = (
+        "body",
+        "deadline",
+        "generation",
+        "group",
+        "incoming",
+        "source",
+        "state",
+        "tag",
+        "token",
+    )
+
+    def __init__(
+        self, source: Source, tag: int, generation: int, incoming: Incoming, body: bytes
+    ) -> None:
+        self.source = source
+        self.tag = tag
+        self.generation = generation
+        self.incoming = incoming
+        self.body = body
+        self.group = incoming.fifo_group if source.ordered else None
+        self.state = READY
+        self.token = 0
+        self.deadline = 0.0
+
+
+class _Lease:
+    """A delivery's receipt: the held delivery and the token of this lease."""
+
+    __slots__ = ("held", "token")
+
+    def __init__(self, held: _Held, token: int) -> None:
+        self.held = held
+        self.token = token
+
+
+class RabbitReceiver(Receiver[_Lease]):
+    """One consumer's channel; see the module docstring for the states and mechanisms."""
+
+    def __init__(
+        self,
+        link: Link,
+        sources: Sequence[Source],
+        settings: ReceiverSettings,
+        *,
+        ledger: Ledger | None,
+        dead_letters: bool,
+    ) -> None:
+        self._link = link
+        self._sources = list(sources)
+        self._lease = settings.ack_timeout
+        self._ledger = ledger
+        self._dead_letters = dead_letters
+        self._channel: aiormq.abc.AbstractChannel | None = None
+        self._generation = 0
+        self._ready: deque[_Held] = deque()
+        self._gate: GroupGate[_Held] = GroupGate()
+        self._returning: dict[str, _Held] = {}
+        self._leases: list[tuple[float, int, _Held]] = []
+        self._dues: list[tuple[float, int, _Held]] = []
+        self._wakeup = asyncio.Event()
+        self._janitor: asyncio.Task[None] | None = None
+        self._stagers: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- subscribing ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._subscribe()
+        self._janitor = asyncio.ensure_future(self._janitor_loop())
+
+    async def _subscribe(self) -> None:
+        link = self._link
+        channel, _ = await link.channel()
+        self._generation += 1
+        generation = self._generation
+        self._channel = channel  # deliveries may arrive before the last basic.consume-ok
+        channel.closing.add_done_callback(lambda _: self._lost(channel))
+        try:
+            with link.errors:
+                await channel.basic_qos(prefetch_count=link.options.prefetch)
+                for source in self._sources:
+                    await channel.basic_consume(
+                        source.name, self._callback(source, channel, generation)
+                    )
+        except BaseException:
+            self._lost(channel)
+            await _close_quietly(channel)
+            raise
+
+    def _callback(self, source: Source, channel: Any, generation: int) -> Any:
+        def on_message(message: aiormq.abc.DeliveredMessage) -> None:
+            if self._channel is channel and not self._closed:
+                self._arrived(source, generation, message)
+
+        return on_message
+
+    def _lost(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """The channel closed: the broker took back every unacked delivery."""
+        if self._channel is not channel:
+            return
+        self._channel = None
+        if not self._closed:
+            _log.warning("RabbitMQ channel of a receiver closed; it will subscribe again")
+        self._ready.clear()
+        self._gate = GroupGate()
+        self._returning.clear()
+        self._leases.clear()
+        self._dues.clear()
+        for source in self._sources:
+            source.staging.clear()
+        self._wakeup.set()
+
+    async def _ensure_subscribed(self) -> bool:
+        if self._channel is not None and not self._channel.is_closed:
+            return True
+        try:
+            await self._subscribe()
+        except BrokerkitError as exc:
+            _log.warning("cannot subscribe to RabbitMQ yet: %s", exc)
+            return False
+        return True
+
+    # -- arrivals ---------------------------------------------------------------------
+
+    def _arrived(
+        self, source: Source, generation: int, message: aiormq.abc.DeliveredMessage
+    ) -> None:
+        tag = message.delivery.delivery_tag  # type: ignore[union-attr]
+        assert isinstance(tag, int)
+        incoming = parse(message.header.properties, f"tag-{generation}-{tag}")
+        if source.ordered:
+            back = self._returning.pop(incoming.id, None)
+            if back is not None:  # the copy of a message this receiver returned
+                back.tag, back.generation, back.incoming = tag, generation, incoming
+                back.body = message.body
+                back.state = READY
+                if back.group is None or self._gate.give_back(back.group) is back:
+                    self._ready.append(back)
+                self._wakeup.set()
+                return
+        held = _Held(source, tag, generation, incoming, message.body)
+        if source.staging or (incoming.dedup_id is not None and self._ledger is not None):
+            source.staging.append(held)
+            if len(source.staging) == 1:
+                task = asyncio.ensure_future(self._stage(source, generation))
+                self._stagers.add(task)
+                task.add_done_callback(self._stagers.discard)
+            return
+        self._admit(held)
+
+    def _admit(self, held: _Held) -> None:
+        group = held.group
+        if group is None or self._gate.push(group, held):
+            self._ready.append(held)
+            self._wakeup.set()
+
+    async def _stage(self, source: Source, generation: int) -> None:
+        """Dedup verdicts in arrival order; later arrivals of the source wait behind."""
+        ledger = self._ledger
+        staging = source.staging
+        while staging and generation == self._generation and not self._closed:
+            held = staging[0]
+            incoming = held.incoming
+            if incoming.dedup_id is not None and ledger is not None:
+                try:
+                    keep = await ledger.admit(incoming.dedup_id, incoming.id, incoming.stamp)
+                except BrokerkitError as exc:
+                    _log.warning("dedup ledger unavailable, retrying: %s", exc)
+                    await asyncio.sleep(_RESUBSCRIBE_PAUSE)
+                    continue
+                if generation != self._generation or not staging or staging[0] is not held:
+                    return
+                if not keep:
+                    staging.popleft()
+                    await self._send_ack(held)
+                    continue
+            staging.popleft()
+            self._admit(held)
+
+    # -- receiving --------------------------------------------------------------------
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[_Lease]]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        end = now + wait
+        while not self._closed:
+            if not await self._ensure_subscribed():
+                await asyncio.sleep(max(0.0, min(_RESUBSCRIBE_PAUSE, end - loop.time())))
+                return []
+            await self._fire_dues(now, lazy=True)
+            out = self._take(max_messages, now)
+            if out or now >= end:
+                return out
+            self._wakeup.clear()
+            timeout = end - now
+            if self._dues:
+                timeout = min(timeout, self._dues[0][0] - now)
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), max(timeout, 0.001))
+            except TimeoutError:
+                pass
+            now = loop.time()
+        return []
+
+    def _take(self, max_messages: int, now: float) -> list[Delivery[_Lease]]:
+        out: list[Delivery[_Lease]] = []
+        ready, gate, lease, leases = self._ready, self._gate, self._lease, self._leases
+        dead_letters = self._dead_letters
+        while ready and len(out) < max_messages:
+            held = ready.popleft()
+            if held.state != READY:
+                continue
+            if held.group is not None:
+                gate.take(held.group)
+            held.token = token = next(_tokens)
+            held.state = LEASED
+            held.deadline = deadline = now + lease
+            heapq.heappush(leases, (deadline, token, held))
+            incoming = held.incoming
+            out.append(
+                Delivery(
+                    id=incoming.id,
+                    body=held.body,
+                    headers=incoming.headers,
+                    fifo_group=incoming.fifo_group,
+                    dedup_id=None if dead_letters else incoming.dedup_id,
+                    attempt=incoming.attempt,
+                    receipt=_Lease(held, token),
+                )
+            )
+        return out
+
+    # -- settling ---------------------------------------------------------------------
+
+    def _held(self, delivery: Delivery[_Lease], verb: str) -> _Held:
+        lease = delivery.receipt
+        held = lease.held
+        if (
+            held.token != lease.token
+            or held.state != LEASED
+            or held.generation != self._generation
+            or self._channel is None
+            or asyncio.get_running_loop().time() > held.deadline
+        ):
+            raise LeaseExpired(f"cannot {verb} message {delivery.id!r}: its lease was lost")
+        return held
+
+    async def ack(self, delivery: Delivery[_Lease]) -> None:
+        """ack -> ``basic.ack``; the message's group (if any) moves on."""
+        held = self._held(delivery, "ack")
+        held.state = GONE
+        held.token = 0
+        await self._send_ack(held)
+        group = held.group
+        if group is not None:
+            nxt = self._gate.done(group)
+            if nxt is not None:
+                self._ready.append(nxt)
+                self._wakeup.set()
+
+    async def _send_ack(self, held: _Held) -> None:
+        channel = self._channel
+        if channel is None or held.generation != self._generation:
+            raise LeaseExpired("the channel closed: the broker took the message back")
+        with self._link.errors:
+            await channel.basic_ack(held.tag, wait=False)
+
+    async def nack(self, delivery: Delivery[_Lease], delay: float) -> None:
+        """nack -> held here until ``delay`` passed, then ``basic.reject(requeue=True)``."""
+        held = self._held(delivery, "nack")
+        now = asyncio.get_running_loop().time()
+        held.state = DELAYED
+        held.token = token = next(_tokens)
+        # without a delay the next receive rejects it; the janitor only after a grace
+        heapq.heappush(self._dues, (now + max(delay, 0.0), token, held))
+        self._wakeup.set()
+
+    async def extend(self, delivery: Delivery[_Lease], ack_timeout: float) -> None:
+        """extend -> a later deadline here (the broker has no lease to renew)."""
+        held = self._held(delivery, "extend")
+        held.deadline = deadline = asyncio.get_running_loop().time() + ack_timeout
+        heapq.heappush(self._leases, (deadline, held.token, held))
+
+    async def release(self, deliveries: Sequence[Delivery[_Lease]]) -> None:
+        """Unseen deliveries go back to the front here; closing the channel returns them."""
+        for delivery in reversed(deliveries):
+            lease = delivery.receipt
+            held = lease.held
+            if held.token != lease.token or held.state != LEASED:
+                continue
+            held.state = READY
+            held.token = 0
+            if held.group is not None:
+                self._gate.give_back(held.group)
+            self._ready.appendleft(held)
+
+    async def _return(self, held: _Held) -> None:
+        """``basic.reject(requeue=True)``: the broker counts a failed delivery."""
+        channel = self._channel
+        held.state = RETURNING
+        held.token = 0
+        if channel is None or held.generation != self._generation:
+            return
+        if held.source.ordered:
+            self._returning[held.incoming.id] = held
+        with self._link.errors:
+            await channel.basic_reject(held.tag, requeue=True, wait=False)
+
+    async def _fire_dues(self, now: float, *, lazy: bool) -> None:
+        dues = self._dues
+        grace = 0.0 if lazy else _LAZY_GRACE
+        while dues and dues[0][0] + grace <= now:
+            _, token, held = heapq.heappop(dues)
+            if held.state == DELAYED and held.token == token:
+                await self._return(held)
+
+    async def _janitor_loop(self) -> None:
+        """Lease expiries (rejected at once) and dues nobody received for (after a grace)."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            await asyncio.sleep(_JANITOR_TICK)
+            now = loop.time()
+            leases = self._leases
+            try:
+                while leases and leases[0][0] <= now:
+                    _, token, held = heapq.heappop(leases)
+                    if held.state == LEASED and held.token == token and held.deadline <= now:
+                        await self._return(held)
+                await self._fire_dues(now, lazy=False)
+            except BrokerkitError as exc:
+                _log.debug("receiver janitor: %s", exc)
+
+    # -- closing ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the channel: RabbitMQ returns every unacked delivery, in order."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in [self._janitor, *self._stagers]:
+            if task is not None:
+                task.cancel()
+        channel, self._channel = self._channel, None
+        self._wakeup.set()
+        if channel is not None:
+            await _close_quietly(channel)
+
+
+async def _close_quietly(channel: aiormq.abc.AbstractChannel) -> None:
+    if channel.is_closed:
+        return
+    try:
+        await asyncio.wait_for(channel.close(), 5)
+    except (amqp.AMQPError, amqp.ChannelInvalidStateError, OSError, TimeoutError, RuntimeError):
+        pass

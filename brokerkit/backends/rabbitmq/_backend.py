@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -14,6 +16,7 @@ from pydantic import ValidationError
 from brokerkit.backends import (
     Backend,
     BrokerRefused,
+    BrokerUnavailable,
     BrokerURL,
     Capabilities,
     ConfigError,
@@ -29,10 +32,13 @@ from brokerkit.backends.rabbitmq._ledger import Ledger
 from brokerkit.backends.rabbitmq._link import Link, main_queues
 from brokerkit.backends.rabbitmq._options import RabbitOptions
 from brokerkit.backends.rabbitmq._receiver import RabbitReceiver, Source
-from brokerkit.backends.rabbitmq._topology import Topology, partition_of
+from brokerkit.backends.rabbitmq._topology import Topology, partition_of, quorum_arguments
 
 __all__ = ["RabbitBackend"]
 
+_log = logging.getLogger(__name__)
+
+_NOT_FOUND = 404
 MAX_NACK_DELAY = 15 * 60.0
 """A nacked message waits unacked on its receiver's channel; RabbitMQ's consumer_timeout
 (30 min by default) would close the channel on a longer hold."""
@@ -180,29 +186,79 @@ class RabbitBackend(Backend):
         return [PublishResult(i, duplicate=None) for i in ids]
 
     async def _send(self, items: Sequence[tuple[str, bytes, Basic.Properties]]) -> None:
+        """Publish every item; once more, in order, whatever was not confirmed when the
+        connection failed (after a reconnect) or came back unroutable (after declaring
+        again: another client deleted the queue). A message resent after a lost confirm
+        may be stored twice, under the same id (at-least-once), never lost."""
+        confirmed = [False] * len(items)
+        for last_try in (False, True):
+            todo = [i for i, ok in enumerate(confirmed) if not ok]
+            try:
+                returned = await self._send_once(items, todo, confirmed)
+            except BrokerUnavailable:
+                if last_try:
+                    raise
+                _log.info("RabbitMQ connection lost while publishing: resending unconfirmed")
+                continue
+            if not returned:
+                return
+            targets = sorted({items[i][0] for i in returned})
+            if last_try:
+                raise BrokerRefused(
+                    f"RabbitMQ returned messages as unroutable: no queue {targets[0]!r}"
+                )
+            self._link.forget(targets)
+            await self._link.ensure_all([(t, _arguments_of(t)) for t in targets])
+
+    async def _send_once(
+        self,
+        items: Sequence[tuple[str, bytes, Basic.Properties]],
+        todo: Sequence[int],
+        confirmed: list[bool],
+    ) -> list[int]:
+        """One pass over ``todo`` with a sliding window; returns the unroutable ones."""
         link = self._link
         window = self.options.max_in_flight
-        timeout = self.options.request_timeout
         channel = await link.publisher()
-        pending: list[asyncio.Future[Any]] = []
+        pending: deque[tuple[int, asyncio.Future[Any]]] = deque()
+        returned: list[int] = []
+
+        def settle(index: int, confirm: Any) -> None:
+            if isinstance(confirm, Basic.Ack):
+                confirmed[index] = True
+            elif isinstance(confirm, Basic.Nack):
+                raise BrokerRefused("RabbitMQ did not accept a message (basic.nack)")
+            else:
+                returned.append(index)  # basic.return: mandatory and no queue
+
         try:
             with link.errors:
-                for target, body, props in items:
-                    if len(pending) >= window:
-                        _check(await asyncio.wait_for(pending.pop(0), timeout), target)
-                    pending.append(
-                        asyncio.ensure_future(
-                            channel.basic_publish(
-                                body, routing_key=target, properties=props, mandatory=True
+                async with asyncio.timeout(self.options.request_timeout) as deadline:
+                    loop = asyncio.get_running_loop()
+                    for index in todo:
+                        target, body, props = items[index]
+                        if len(pending) >= window:
+                            first, fut = pending.popleft()
+                            settle(first, await fut)
+                            deadline.reschedule(loop.time() + self.options.request_timeout)
+                        pending.append(
+                            (
+                                index,
+                                asyncio.ensure_future(
+                                    channel.basic_publish(
+                                        body, routing_key=target, properties=props, mandatory=True
+                                    )
+                                ),
                             )
                         )
-                    )
-                for fut in pending:
-                    _check(await asyncio.wait_for(fut, timeout), "")
+                    while pending:
+                        first, fut = pending.popleft()
+                        settle(first, await fut)
         finally:
-            for fut in pending:
+            for _, fut in pending:
                 if not fut.done():
                     fut.cancel()
+        return returned
 
     # -- consuming ----------------------------------------------------------------------
 
@@ -226,7 +282,16 @@ class RabbitBackend(Backend):
         receiver = RabbitReceiver(
             self._link, sources, settings, ledger=ledger, dead_letters=queue.dead_letters
         )
-        await receiver.start()
+        try:
+            await receiver.start()
+        except BrokerRefused as exc:
+            if exc.code != _NOT_FOUND:
+                raise
+            # another client deleted the queue since this connection declared it
+            partitions = await self._link.partitions(topology)
+            self._link.forget([name for name, _ in main_queues(topology, partitions)])
+            await self.declare(queue, group)
+            await receiver.start()
         self._receivers.add(receiver)
         return receiver
 
@@ -238,12 +303,11 @@ class RabbitBackend(Backend):
         return ledger
 
 
-def _check(confirm: Any, target: str) -> None:
-    if isinstance(confirm, Basic.Ack):
-        return
-    if isinstance(confirm, Basic.Nack):
-        raise BrokerRefused("RabbitMQ did not accept a message (basic.nack)")
-    raise BrokerRefused(
-        "RabbitMQ returned a message as unroutable: its queue does not exist"
-        + (f" ({target!r})" if target else "")
-    )
+def _arguments_of(name: str) -> dict[str, Any]:
+    """The declare arguments of a free, partition or DLQ queue, from its name."""
+    return quorum_arguments(single_active=_is_partition(name))
+
+
+def _is_partition(name: str) -> bool:
+    parts = name.rsplit(".", 2)
+    return len(parts) == 3 and parts[1] == "p" and parts[2].isdigit()

@@ -127,9 +127,10 @@ class Link:
             old, self._connection = self._connection, None
             if old is not None:
                 await _close_quietly(old)
-            self._connection = await retry_unavailable(
-                self._connect_once, what="RabbitMQ", hosts=self.hosts, is_transient=is_transient
-            )
+            with self.errors:  # credentials refused: ConfigError, not retried
+                self._connection = await retry_unavailable(
+                    self._connect_once, what="RabbitMQ", hosts=self.hosts, is_transient=is_transient
+                )
             self.generation += 1
             self._publisher = None
             self._declared.clear()  # a restarted server may have lost non-durable state

@@ -244,8 +244,8 @@ class RabbitReceiver(Receiver[_Lease]):
             if incoming.dedup_id is not None and ledger is not None:
                 try:
                     keep = await ledger.admit(incoming.dedup_id, incoming.id, incoming.stamp)
-                except BrokerkitError as exc:
-                    _log.warning("dedup ledger unavailable, retrying: %s", exc)
+                except (BrokerkitError, TimeoutError) as exc:  # the task must not die
+                    _log.warning("dedup ledger unavailable, retrying: %r", exc)
                     await asyncio.sleep(_RESUBSCRIBE_PAUSE)
                     continue
                 if generation != self._generation or not staging or staging[0] is not held:

@@ -27,7 +27,7 @@ def _backend(url: str) -> RabbitBackend:
 
 def test_defaults_and_capabilities() -> None:
     b = _backend(URL)
-    assert (b.options.partitions, b.options.prefetch, b.options.heartbeat) == (8, 256, 60)
+    assert (b.options.partitions, b.options.prefetch, b.options.heartbeat) == (8, None, 60)
     caps = b.capabilities
     assert caps.fan_out is False  # one consumer group per queue, a second one is refused
     assert caps.max_nack_delay == MAX_NACK_DELAY < 30 * 60  # below RabbitMQ's consumer_timeout
@@ -127,9 +127,9 @@ def test_codec_round_trip() -> None:
     assert got.stamp == (published, until)
 
 
-def test_attempt_prefers_acquired_count() -> None:
+def test_attempt_is_one_plus_delivery_count() -> None:
     props = Basic.Properties(headers={"x-delivery-count": 1, "x-acquired-count": 4})
-    assert parse(props, "f").attempt == 5  # 4.3+: every acquisition, crashes included
+    assert parse(props, "f").attempt == 2  # 4.3+: failures only; releases are not counted
     assert parse(Basic.Properties(), "f").attempt == 1
     assert parse(Basic.Properties(), "f").id == "f"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import deque
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from typing import Any, ClassVar
 
 import aio_pika
 import aiormq
+from aiormq import exceptions as amqp
 from pamqp.commands import Basic
 from pydantic import ValidationError
 
@@ -28,17 +30,18 @@ from brokerkit.backends import (
     parse_options,
 )
 from brokerkit.backends.rabbitmq._codec import new_id, properties
+from brokerkit.backends.rabbitmq._held import Source
 from brokerkit.backends.rabbitmq._ledger import Ledger
 from brokerkit.backends.rabbitmq._link import Link, main_queues
 from brokerkit.backends.rabbitmq._options import RabbitOptions
-from brokerkit.backends.rabbitmq._receiver import RabbitReceiver, Source
+from brokerkit.backends.rabbitmq._receiver import RabbitReceiver
 from brokerkit.backends.rabbitmq._topology import Topology, partition_of, quorum_arguments
 
 __all__ = ["RabbitBackend"]
 
 _log = logging.getLogger(__name__)
 
-_NOT_FOUND = 404
+_RESEND_ROUNDS = 6
 MAX_NACK_DELAY = 15 * 60.0
 """A nacked message waits unacked on its receiver's channel; RabbitMQ's consumer_timeout
 (30 min by default) would close the channel on a longer hold."""
@@ -186,48 +189,57 @@ class RabbitBackend(Backend):
         return [PublishResult(i, duplicate=None) for i in ids]
 
     async def _send(self, items: Sequence[tuple[str, bytes, Basic.Properties]]) -> None:
-        """Publish every item; once more, in order, whatever was not confirmed when the
-        connection failed (after a reconnect) or came back unroutable (after declaring
-        again: another client deleted the queue). A message resent after a lost confirm
-        may be stored twice, under the same id (at-least-once), never lost."""
+        """Publish every item, then resend, in order, whatever is not confirmed yet: after a
+        reconnect (the connection failed), after declaring again (returned unroutable:
+        another client deleted the queue), after a pause (``basic.nack``: e.g. a quorum
+        queue created a moment ago by another connection has no leader yet). A message
+        resent after a lost confirm may be stored twice under one id (at-least-once)."""
         confirmed = [False] * len(items)
-        for last_try in (False, True):
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.options.request_timeout
+        for round_ in itertools.count():
             todo = [i for i, ok in enumerate(confirmed) if not ok]
+            last = round_ >= _RESEND_ROUNDS or loop.time() > give_up
             try:
-                returned = await self._send_once(items, todo, confirmed)
+                returned, nacked = await self._send_once(items, todo, confirmed)
             except BrokerUnavailable:
-                if last_try:
+                if last:
                     raise
                 _log.info("RabbitMQ connection lost while publishing: resending unconfirmed")
                 continue
-            if not returned:
+            if not returned and not nacked:
                 return
-            targets = sorted({items[i][0] for i in returned})
-            if last_try:
-                raise BrokerRefused(
-                    f"RabbitMQ returned messages as unroutable: no queue {targets[0]!r}"
-                )
-            self._link.forget(targets)
-            await self._link.ensure_all([(t, _arguments_of(t)) for t in targets])
+            if last:
+                if returned:
+                    target = items[returned[0]][0]
+                    raise BrokerRefused(f"RabbitMQ returned messages as unroutable ({target!r})")
+                raise BrokerRefused("RabbitMQ did not accept messages (basic.nack)")
+            if returned:
+                targets = sorted({items[i][0] for i in returned})
+                self._link.forget(targets)
+                await self._link.ensure_all([(t, _arguments_of(t)) for t in targets])
+            if nacked:
+                await asyncio.sleep(min(0.05 * 2**round_, 1.0))
 
     async def _send_once(
         self,
         items: Sequence[tuple[str, bytes, Basic.Properties]],
         todo: Sequence[int],
         confirmed: list[bool],
-    ) -> list[int]:
-        """One pass over ``todo`` with a sliding window; returns the unroutable ones."""
+    ) -> tuple[list[int], list[int]]:
+        """One pass over ``todo`` with a sliding window; returns (unroutable, nacked)."""
         link = self._link
         window = self.options.max_in_flight
         channel = await link.publisher()
         pending: deque[tuple[int, asyncio.Future[Any]]] = deque()
         returned: list[int] = []
+        nacked: list[int] = []
 
         def settle(index: int, confirm: Any) -> None:
             if isinstance(confirm, Basic.Ack):
                 confirmed[index] = True
             elif isinstance(confirm, Basic.Nack):
-                raise BrokerRefused("RabbitMQ did not accept a message (basic.nack)")
+                nacked.append(index)
             else:
                 returned.append(index)  # basic.return: mandatory and no queue
 
@@ -239,7 +251,7 @@ class RabbitBackend(Backend):
                         target, body, props = items[index]
                         if len(pending) >= window:
                             first, fut = pending.popleft()
-                            settle(first, await fut)
+                            settle(first, await _confirmation(fut))
                             deadline.reschedule(loop.time() + self.options.request_timeout)
                         pending.append(
                             (
@@ -253,12 +265,12 @@ class RabbitBackend(Backend):
                         )
                     while pending:
                         first, fut = pending.popleft()
-                        settle(first, await fut)
+                        settle(first, await _confirmation(fut))
         finally:
             for _, fut in pending:
                 if not fut.done():
                     fut.cancel()
-        return returned
+        return returned, nacked
 
     # -- consuming ----------------------------------------------------------------------
 
@@ -279,19 +291,20 @@ class RabbitBackend(Backend):
                 *(Source(topology.partition(i), ordered=True) for i in range(partitions)),
             ]
             ledger = self._ledger(topology)
-        receiver = RabbitReceiver(
-            self._link, sources, settings, ledger=ledger, dead_letters=queue.dead_letters
-        )
-        try:
-            await receiver.start()
-        except BrokerRefused as exc:
-            if exc.code != _NOT_FOUND:
-                raise
-            # another client deleted the queue since this connection declared it
+
+        async def redeclare() -> None:
             partitions = await self._link.partitions(topology)
             self._link.forget([name for name, _ in main_queues(topology, partitions)])
             await self.declare(queue, group)
-            await receiver.start()
+
+        receiver = RabbitReceiver(
+            self._link,
+            sources,
+            settings,
+            ledger=ledger,
+            dead_letters=queue.dead_letters,
+            redeclare=redeclare,
+        )
         self._receivers.add(receiver)
         return receiver
 
@@ -301,6 +314,14 @@ class RabbitBackend(Backend):
             ledger = Ledger(self._link, topology, self.options.dedup_window)
             self._ledgers[topology.queue] = ledger
         return ledger
+
+
+async def _confirmation(fut: asyncio.Future[Any]) -> Any:
+    """The broker's answer to one publish: Basic.Ack, Basic.Nack, or the returned message."""
+    try:
+        return await fut
+    except amqp.DeliveryError as exc:  # aiormq raises a nack
+        return exc.frame
 
 
 def _arguments_of(name: str) -> dict[str, Any]:

@@ -5,9 +5,10 @@
 * user headers -> the AMQP ``headers`` table, as long strings;
 * fifo_group -> ``FIFO_GROUP_HEADER``; dedup_id -> ``DEDUP_ID_HEADER``, and the
   publisher's clock and window -> ``DEDUP_STAMP_HEADER`` (``<published_ms>:<until_ms>``);
-* attempt <- 1 + the broker's count of earlier deliveries: ``x-acquired-count`` where
-  the broker has it (4.3+: every acquisition, crashes included), else
-  ``x-delivery-count`` (quorum queues up to 4.2: every return, crashes included).
+* attempt <- 1 + ``x-delivery-count``, the quorum queue's count of earlier failed
+  deliveries: up to 4.2 every return (reject, nack, a channel or connection closing);
+  from 4.3 ``basic.reject`` and a consumer gone with the message unacked, not
+  ``basic.nack`` (which the receiver uses only for deliveries nobody saw).
 
 Headers RabbitMQ sets itself are not the user's and are dropped on the way in.
 """
@@ -117,9 +118,7 @@ def parse(props: Basic.Properties, fallback_id: str) -> Incoming:
     message_id = props.message_id or fallback_id
     if not raw:
         return Incoming(message_id, NO_HEADERS, None, None, None, 1)
-    earlier = raw.get("x-acquired-count")
-    if earlier is None:
-        earlier = raw.get("x-delivery-count")
+    earlier = raw.get("x-delivery-count")
     attempt = 1 + int(earlier) if isinstance(earlier, int) else 1
     group = raw.get(FIFO_GROUP_HEADER)
     dedup = raw.get(DEDUP_ID_HEADER)

@@ -21,8 +21,10 @@ class RabbitOptions(Options):
     """FIFO partition queues of a new queue. Fixed by the first client that creates the
     queue and stored on the server (the ``<prefix>.<queue>.meta`` marker): later clients
     use the stored number, whatever they ask for."""
-    prefetch: int = Field(default=256, ge=1, le=65535)
-    """``basic.qos`` per consumed RabbitMQ queue: deliveries a receiver holds unacked."""
+    prefetch: int | None = Field(default=None, ge=1, le=65535)
+    """``basic.qos`` per consumed RabbitMQ queue. Unset: the consumer's own ``prefetch``
+    for the queue of messages without a fifo_group, a share of it (at least 1) for each
+    partition, so that fetching ahead stays within twice the consumer's prefetch."""
     max_in_flight: int = Field(default=500, ge=1, le=65535)
     """Publishes awaiting their confirm at once, per ``publish_many`` (a sliding window)."""
     heartbeat: int = Field(default=60, ge=0, le=3600)

@@ -2,28 +2,25 @@
 
 Sources: for a queue, its free queue (competing consumers) and its N partition queues
 (``x-single-active-consumer``: one receiver at a time holds a partition, so it alone
-orders and gates the partition's groups); for a DLQ, the DLQ. ``basic.qos`` bounds the
-deliveries held per source (``?prefetch=``).
+orders and gates the partition's groups); for a DLQ, the DLQ. Consuming starts with the
+first ``receive``, whose ``max_messages`` (the consumer's prefetch) sizes ``basic.qos``
+unless ``?prefetch=`` is given. Delivery states: see ``_held``.
 
-States of a delivery held here (a ``_Held``): READY (deliverable; grouped ones only as
-their group's head, through a ``GroupGate``), LEASED (handed out: a token and a
-deadline), DELAYED (nacked: kept unacked on the channel until its due time; its group
-stays taken), RETURNING (``basic.reject(requeue=True)`` sent: the broker counts the
-failed delivery and puts the message back at the head of its queue; for a partition the
-group stays taken until the copy comes back to this receiver, so nothing later of the
-group overtakes it), GONE.
-
-* ack -> ``basic.ack``; nack(delay) -> DELAYED, then at the due time ``basic.reject``;
-  a nack without delay is rejected by the next ``receive`` (or after a grace), so a
-  consumer that nacks what it holds while closing has it counted once (by the channel
-  closing), not twice;
-* lease expiry -> this receiver rejects the message itself at ``ack_timeout``
-  (RabbitMQ's own consumer_timeout is 30 min and closes the whole channel); a late
-  settle raises LeaseExpired (the token moved on);
-* release / aclose -> nothing to send: closing the channel returns every unacked
-  delivery, in order;
+* ack -> ``basic.ack``; nack(delay) -> DELAYED (kept unacked here, its group taken),
+  then at the due time ``basic.reject(requeue=True)``: the broker counts the failed
+  delivery and puts the message back at the head of its queue. For a partition the
+  group stays taken until the copy comes back to this receiver, so nothing later of the
+  group overtakes it. A nack without delay is rejected by the next ``receive`` (or by the
+  janitor after a grace), so a consumer that nacks what it holds while closing has it
+  returned once, in order, by ``aclose``;
+* lease expiry -> this receiver rejects the message itself at ``ack_timeout`` (RabbitMQ's
+  own consumer_timeout is 30 min and closes the whole channel); a late settle raises
+  LeaseExpired (the token moved on);
+* release -> back to the front here; aclose -> cancel every consumer, then give back
+  every unacked delivery in delivery order: ``basic.reject`` for what the caller saw (a
+  failed attempt), ``basic.nack`` for what it never saw (not counted from 4.3 on);
 * the channel lost (connection drop, broker restart) -> every receipt is void
-  (LeaseExpired; the broker returned them all) and the next ``receive`` subscribes anew.
+  (LeaseExpired; the broker took them all back) and the next ``receive`` subscribes anew.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ import heapq
 import itertools
 import logging
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiormq
@@ -42,79 +38,42 @@ from aiormq import exceptions as amqp
 
 from brokerkit import BrokerkitError
 from brokerkit.backends import (
+    BrokerRefused,
     Delivery,
     GroupGate,
     LeaseExpired,
     Receiver,
     ReceiverSettings,
 )
-from brokerkit.backends.rabbitmq._codec import Incoming, parse
+from brokerkit.backends.rabbitmq._codec import parse
+from brokerkit.backends.rabbitmq._held import (
+    DELAYED,
+    GONE,
+    LEASED,
+    READY,
+    RETURNING,
+    Held,
+    Lease,
+    Source,
+)
 from brokerkit.backends.rabbitmq._ledger import Ledger
 from brokerkit.backends.rabbitmq._link import Link
 
-__all__ = ["RabbitReceiver", "Source"]
+__all__ = ["RabbitReceiver"]
 
 _log = logging.getLogger(__name__)
 
-READY, LEASED, DELAYED, RETURNING, GONE = range(5)
 _JANITOR_TICK = 0.1
 _LAZY_GRACE = 1.0
 """A nack without delay is rejected by the next receive, or by the janitor after this."""
 _RESUBSCRIBE_PAUSE = 1.0
+_NOT_FOUND = 404
 
 _tokens = itertools.count(1)
 
 
-@dataclass(eq=False, slots=True)
-class Source:
-    """One RabbitMQ queue this receiver consumes."""
-
-    name: str
-    ordered: bool
-    """A single-active-consumer partition: its groups are gated and held here."""
-    staging: deque[_Held] = field(default_factory=deque)
-    """Deliveries waiting for a dedup verdict (and whatever arrived behind them)."""
-
-
-class _Held:
-    __slots__ = (
-        "body",
-        "deadline",
-        "generation",
-        "group",
-        "incoming",
-        "source",
-        "state",
-        "tag",
-        "token",
-    )
-
-    def __init__(
-        self, source: Source, tag: int, generation: int, incoming: Incoming, body: bytes
-    ) -> None:
-        self.source = source
-        self.tag = tag
-        self.generation = generation
-        self.incoming = incoming
-        self.body = body
-        self.group = incoming.fifo_group if source.ordered else None
-        self.state = READY
-        self.token = 0
-        self.deadline = 0.0
-
-
-class _Lease:
-    """A delivery's receipt: the held delivery and the token of this lease."""
-
-    __slots__ = ("held", "token")
-
-    def __init__(self, held: _Held, token: int) -> None:
-        self.held = held
-        self.token = token
-
-
-class RabbitReceiver(Receiver[_Lease]):
-    """One consumer's channel; see the module docstring for the states and mechanisms."""
+class RabbitReceiver(Receiver[Lease]):
+    """One consumer's channel; see the module docstring for the mechanisms."""
 
     def __init__(
         self,
@@ -124,29 +83,40 @@ class RabbitReceiver(Receiver[_Lease]):
         *,
         ledger: Ledger | None,
         dead_letters: bool,
+        redeclare: Callable[[], Awaitable[None]],
     ) -> None:
         self._link = link
+        self._redeclare = redeclare
         self._sources = list(sources)
         self._lease = settings.ack_timeout
         self._ledger = ledger
         self._dead_letters = dead_letters
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._generation = 0
-        self._ready: deque[_Held] = deque()
-        self._gate: GroupGate[_Held] = GroupGate()
-        self._returning: dict[str, _Held] = {}
-        self._leases: list[tuple[float, int, _Held]] = []
-        self._dues: list[tuple[float, int, _Held]] = []
+        self._unacked: dict[int, Held] = {}
+        self._ready: deque[Held] = deque()
+        self._gate: GroupGate[Held] = GroupGate()
+        self._returning: dict[str, Held] = {}
+        self._leases: list[tuple[float, int, Held]] = []
+        self._dues: list[tuple[float, int, Held]] = []
         self._wakeup = asyncio.Event()
         self._janitor: asyncio.Task[None] | None = None
         self._stagers: set[asyncio.Task[None]] = set()
-        self._closed = False
+        self._closing = False
 
     # -- subscribing ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        await self._subscribe()
-        self._janitor = asyncio.ensure_future(self._janitor_loop())
+    def _size(self, max_messages: int) -> None:
+        """basic.qos per source, from ``?prefetch=`` or the consumer's prefetch."""
+        fixed = self._link.options.prefetch
+        ordered = sum(1 for s in self._sources if s.ordered) or 1
+        for source in self._sources:
+            if fixed is not None:
+                source.prefetch = fixed
+            elif source.ordered:
+                source.prefetch = max(1, -(-max_messages // ordered))
+            else:
+                source.prefetch = max(1, max_messages)
 
     async def _subscribe(self) -> None:
         link = self._link
@@ -154,22 +124,29 @@ class RabbitReceiver(Receiver[_Lease]):
         self._generation += 1
         generation = self._generation
         self._channel = channel  # deliveries may arrive before the last basic.consume-ok
+        self._unacked = {}
         channel.closing.add_done_callback(lambda _: self._lost(channel))
         try:
             with link.errors:
-                await channel.basic_qos(prefetch_count=link.options.prefetch)
+                qos = 0
                 for source in self._sources:
-                    await channel.basic_consume(
+                    if source.prefetch != qos:  # applies to the consumers created after it
+                        qos = source.prefetch
+                        await channel.basic_qos(prefetch_count=qos)
+                    ok = await channel.basic_consume(
                         source.name, self._callback(source, channel, generation)
                     )
+                    source.consumer_tag = ok.consumer_tag
         except BaseException:
             self._lost(channel)
             await _close_quietly(channel)
             raise
+        if self._janitor is None:
+            self._janitor = asyncio.ensure_future(self._janitor_loop())
 
     def _callback(self, source: Source, channel: Any, generation: int) -> Any:
         def on_message(message: aiormq.abc.DeliveredMessage) -> None:
-            if self._channel is channel and not self._closed:
+            if self._channel is channel:
                 self._arrived(source, generation, message)
 
         return on_message
@@ -179,8 +156,9 @@ class RabbitReceiver(Receiver[_Lease]):
         if self._channel is not channel:
             return
         self._channel = None
-        if not self._closed:
+        if not self._closing:
             _log.warning("RabbitMQ channel of a receiver closed; it will subscribe again")
+        self._unacked = {}
         self._ready.clear()
         self._gate = GroupGate()
         self._returning.clear()
@@ -190,11 +168,19 @@ class RabbitReceiver(Receiver[_Lease]):
             source.staging.clear()
         self._wakeup.set()
 
-    async def _ensure_subscribed(self) -> bool:
+    async def _ensure_subscribed(self, max_messages: int) -> bool:
         if self._channel is not None and not self._channel.is_closed:
             return True
+        if not self._sources[0].prefetch:
+            self._size(max_messages)
         try:
-            await self._subscribe()
+            try:
+                await self._subscribe()
+            except BrokerRefused as exc:
+                if exc.code != _NOT_FOUND:
+                    raise
+                await self._redeclare()  # another client deleted the queue meanwhile
+                await self._subscribe()
         except BrokerkitError as exc:
             _log.warning("cannot subscribe to RabbitMQ yet: %s", exc)
             return False
@@ -214,11 +200,17 @@ class RabbitReceiver(Receiver[_Lease]):
                 back.tag, back.generation, back.incoming = tag, generation, incoming
                 back.body = message.body
                 back.state = READY
+                self._unacked[tag] = back
+                if self._closing:
+                    return
                 if back.group is None or self._gate.give_back(back.group) is back:
                     self._ready.append(back)
                 self._wakeup.set()
                 return
-        held = _Held(source, tag, generation, incoming, message.body)
+        held = Held(source, tag, generation, incoming, message.body)
+        self._unacked[tag] = held
+        if self._closing:
+            return  # given back by aclose, in order
         if source.staging or (incoming.dedup_id is not None and self._ledger is not None):
             source.staging.append(held)
             if len(source.staging) == 1:
@@ -228,7 +220,7 @@ class RabbitReceiver(Receiver[_Lease]):
             return
         self._admit(held)
 
-    def _admit(self, held: _Held) -> None:
+    def _admit(self, held: Held) -> None:
         group = held.group
         if group is None or self._gate.push(group, held):
             self._ready.append(held)
@@ -238,7 +230,7 @@ class RabbitReceiver(Receiver[_Lease]):
         """Dedup verdicts in arrival order; later arrivals of the source wait behind."""
         ledger = self._ledger
         staging = source.staging
-        while staging and generation == self._generation and not self._closed:
+        while staging and generation == self._generation and not self._closing:
             held = staging[0]
             incoming = held.incoming
             if incoming.dedup_id is not None and ledger is not None:
@@ -250,8 +242,9 @@ class RabbitReceiver(Receiver[_Lease]):
                     continue
                 if generation != self._generation or not staging or staging[0] is not held:
                     return
-                if not keep:
+                if not keep:  # a duplicate inside its window: acked, never delivered
                     staging.popleft()
+                    held.state = GONE
                     await self._send_ack(held)
                     continue
             staging.popleft()
@@ -259,15 +252,15 @@ class RabbitReceiver(Receiver[_Lease]):
 
     # -- receiving --------------------------------------------------------------------
 
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery[_Lease]]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Lease]]:
         loop = asyncio.get_running_loop()
         now = loop.time()
         end = now + wait
-        while not self._closed:
-            if not await self._ensure_subscribed():
+        while not self._closing:
+            if not await self._ensure_subscribed(max_messages):
                 await asyncio.sleep(max(0.0, min(_RESUBSCRIBE_PAUSE, end - loop.time())))
                 return []
-            await self._fire_dues(now, lazy=True)
+            await self._fire_dues(now, grace=0.0)
             out = self._take(max_messages, now)
             if out or now >= end:
                 return out
@@ -282,8 +275,8 @@ class RabbitReceiver(Receiver[_Lease]):
             now = loop.time()
         return []
 
-    def _take(self, max_messages: int, now: float) -> list[Delivery[_Lease]]:
-        out: list[Delivery[_Lease]] = []
+    def _take(self, max_messages: int, now: float) -> list[Delivery[Lease]]:
+        out: list[Delivery[Lease]] = []
         ready, gate, lease, leases = self._ready, self._gate, self._lease, self._leases
         dead_letters = self._dead_letters
         while ready and len(out) < max_messages:
@@ -294,6 +287,7 @@ class RabbitReceiver(Receiver[_Lease]):
                 gate.take(held.group)
             held.token = token = next(_tokens)
             held.state = LEASED
+            held.seen = True
             held.deadline = deadline = now + lease
             heapq.heappush(leases, (deadline, token, held))
             incoming = held.incoming
@@ -305,14 +299,14 @@ class RabbitReceiver(Receiver[_Lease]):
                     fifo_group=incoming.fifo_group,
                     dedup_id=None if dead_letters else incoming.dedup_id,
                     attempt=incoming.attempt,
-                    receipt=_Lease(held, token),
+                    receipt=Lease(held, token),
                 )
             )
         return out
 
     # -- settling ---------------------------------------------------------------------
 
-    def _held(self, delivery: Delivery[_Lease], verb: str) -> _Held:
+    def _held(self, delivery: Delivery[Lease], verb: str) -> Held:
         lease = delivery.receipt
         held = lease.held
         if (
@@ -325,7 +319,7 @@ class RabbitReceiver(Receiver[_Lease]):
             raise LeaseExpired(f"cannot {verb} message {delivery.id!r}: its lease was lost")
         return held
 
-    async def ack(self, delivery: Delivery[_Lease]) -> None:
+    async def ack(self, delivery: Delivery[Lease]) -> None:
         """ack -> ``basic.ack``; the message's group (if any) moves on."""
         held = self._held(delivery, "ack")
         held.state = GONE
@@ -338,31 +332,31 @@ class RabbitReceiver(Receiver[_Lease]):
                 self._ready.append(nxt)
                 self._wakeup.set()
 
-    async def _send_ack(self, held: _Held) -> None:
+    async def _send_ack(self, held: Held) -> None:
         channel = self._channel
         if channel is None or held.generation != self._generation:
             raise LeaseExpired("the channel closed: the broker took the message back")
+        self._unacked.pop(held.tag, None)
         with self._link.errors:
             await channel.basic_ack(held.tag, wait=False)
 
-    async def nack(self, delivery: Delivery[_Lease], delay: float) -> None:
+    async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
         """nack -> held here until ``delay`` passed, then ``basic.reject(requeue=True)``."""
         held = self._held(delivery, "nack")
         now = asyncio.get_running_loop().time()
         held.state = DELAYED
         held.token = token = next(_tokens)
-        # without a delay the next receive rejects it; the janitor only after a grace
         heapq.heappush(self._dues, (now + max(delay, 0.0), token, held))
         self._wakeup.set()
 
-    async def extend(self, delivery: Delivery[_Lease], ack_timeout: float) -> None:
+    async def extend(self, delivery: Delivery[Lease], ack_timeout: float) -> None:
         """extend -> a later deadline here (the broker has no lease to renew)."""
         held = self._held(delivery, "extend")
         held.deadline = deadline = asyncio.get_running_loop().time() + ack_timeout
         heapq.heappush(self._leases, (deadline, held.token, held))
 
-    async def release(self, deliveries: Sequence[Delivery[_Lease]]) -> None:
-        """Unseen deliveries go back to the front here; closing the channel returns them."""
+    async def release(self, deliveries: Sequence[Delivery[Lease]]) -> None:
+        """Unseen deliveries go back to the front here (``aclose`` returns them uncounted)."""
         for delivery in reversed(deliveries):
             lease = delivery.receipt
             held = lease.held
@@ -370,25 +364,26 @@ class RabbitReceiver(Receiver[_Lease]):
                 continue
             held.state = READY
             held.token = 0
+            held.seen = False
             if held.group is not None:
                 self._gate.give_back(held.group)
             self._ready.appendleft(held)
 
-    async def _return(self, held: _Held) -> None:
+    async def _return(self, held: Held) -> None:
         """``basic.reject(requeue=True)``: the broker counts a failed delivery."""
         channel = self._channel
         held.state = RETURNING
         held.token = 0
         if channel is None or held.generation != self._generation:
             return
+        self._unacked.pop(held.tag, None)
         if held.source.ordered:
             self._returning[held.incoming.id] = held
         with self._link.errors:
             await channel.basic_reject(held.tag, requeue=True, wait=False)
 
-    async def _fire_dues(self, now: float, *, lazy: bool) -> None:
+    async def _fire_dues(self, now: float, *, grace: float) -> None:
         dues = self._dues
-        grace = 0.0 if lazy else _LAZY_GRACE
         while dues and dues[0][0] + grace <= now:
             _, token, held = heapq.heappop(dues)
             if held.state == DELAYED and held.token == token:
@@ -397,7 +392,7 @@ class RabbitReceiver(Receiver[_Lease]):
     async def _janitor_loop(self) -> None:
         """Lease expiries (rejected at once) and dues nobody received for (after a grace)."""
         loop = asyncio.get_running_loop()
-        while not self._closed:
+        while not self._closing:
             await asyncio.sleep(_JANITOR_TICK)
             now = loop.time()
             leases = self._leases
@@ -406,23 +401,39 @@ class RabbitReceiver(Receiver[_Lease]):
                     _, token, held = heapq.heappop(leases)
                     if held.state == LEASED and held.token == token and held.deadline <= now:
                         await self._return(held)
-                await self._fire_dues(now, lazy=False)
+                await self._fire_dues(now, grace=_LAZY_GRACE)
             except BrokerkitError as exc:
                 _log.debug("receiver janitor: %s", exc)
 
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Close the channel: RabbitMQ returns every unacked delivery, in order."""
-        if self._closed:
+        """Cancel the consumers, give back what is unacked in delivery order, close."""
+        if self._closing:
             return
-        self._closed = True
+        self._closing = True
         for task in [self._janitor, *self._stagers]:
             if task is not None:
                 task.cancel()
-        channel, self._channel = self._channel, None
         self._wakeup.set()
-        if channel is not None:
+        channel = self._channel
+        if channel is None:
+            return
+        try:
+            for source in self._sources:
+                if source.consumer_tag is not None and not channel.is_closed:
+                    await asyncio.wait_for(channel.basic_cancel(source.consumer_tag), 5)
+            for tag in sorted(self._unacked):
+                held = self._unacked[tag]
+                if held.seen:  # handed out and not settled: a failed attempt
+                    await channel.basic_reject(tag, requeue=True, wait=False)
+                else:  # fetched ahead, never seen: not a failure (uncounted from 4.3)
+                    await channel.basic_nack(tag, requeue=True, wait=False)
+            self._unacked = {}
+        except (amqp.AMQPError, amqp.ChannelInvalidStateError, OSError, TimeoutError) as exc:
+            _log.debug("closing a receiver: %r (the channel close returns the rest)", exc)
+        finally:
+            self._channel = None
             await _close_quietly(channel)
 
 

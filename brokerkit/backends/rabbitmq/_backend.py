@@ -42,6 +42,9 @@ __all__ = ["RabbitBackend"]
 _log = logging.getLogger(__name__)
 
 _RESEND_ROUNDS = 6
+ACK_FLUSH_INTERVAL = 0.01
+"""Acks are written at the next turn of the event loop, many in one frame write: well
+under this bound unless the loop itself is blocked."""
 MAX_NACK_DELAY = 15 * 60.0
 """A nacked message waits unacked on its receiver's channel; RabbitMQ's consumer_timeout
 (30 min by default) would close the channel on a longer hold."""
@@ -72,7 +75,7 @@ class RabbitBackend(Backend):
             fan_out=False,
             max_nack_delay=MAX_NACK_DELAY,
             redelivery_slack=1.0,
-            ack_flush_interval=0.0,
+            ack_flush_interval=ACK_FLUSH_INTERVAL,
             extras={"partitions": options.partitions, "prefetch": options.prefetch},
         )
 

@@ -102,6 +102,8 @@ class RabbitReceiver(Receiver[Lease]):
         self._wakeup = asyncio.Event()
         self._janitor: asyncio.Task[None] | None = None
         self._stagers: set[asyncio.Task[None]] = set()
+        self._acks: list[int] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._closing = False
 
     # -- subscribing ------------------------------------------------------------------
@@ -333,12 +335,39 @@ class RabbitReceiver(Receiver[Lease]):
                 self._wakeup.set()
 
     async def _send_ack(self, held: Held) -> None:
-        channel = self._channel
-        if channel is None or held.generation != self._generation:
+        """Queue the ack; it is written at the next turn of the event loop, together with
+        every other ack queued meanwhile (one ``multiple=True`` ack for the tags below the
+        lowest still unacked, single acks for the rest): one frame write for many acks."""
+        if self._channel is None or held.generation != self._generation:
             raise LeaseExpired("the channel closed: the broker took the message back")
         self._unacked.pop(held.tag, None)
-        with self._link.errors:
-            await channel.basic_ack(held.tag, wait=False)
+        self._acks.append(held.tag)
+        if self._flusher is None:
+            self._flusher = asyncio.ensure_future(self._flush_acks())
+
+    async def _flush_acks(self) -> None:
+        try:
+            await asyncio.sleep(0)  # let the acks of this turn of the loop gather
+        finally:
+            self._flusher = None
+            await self._write_acks()
+
+    async def _write_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        channel = self._channel
+        if not acks or channel is None or channel.is_closed:
+            return  # the channel is gone: the broker redelivers them (at-least-once)
+        lowest = next(iter(self._unacked), None)  # dict order is delivery-tag order
+        below = [t for t in acks if lowest is None or t < lowest]
+        try:
+            with self._link.errors:
+                if below:
+                    await channel.basic_ack(max(below), multiple=True, wait=False)
+                for tag in acks:
+                    if lowest is not None and tag > lowest:
+                        await channel.basic_ack(tag, wait=False)
+        except BrokerkitError as exc:
+            _log.debug("acks not written (the broker redelivers them): %s", exc)
 
     async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
         """nack -> held here until ``delay`` passed, then ``basic.reject(requeue=True)``."""
@@ -419,6 +448,7 @@ class RabbitReceiver(Receiver[Lease]):
         channel = self._channel
         if channel is None:
             return
+        await self._write_acks()  # what the caller acked is acked
         try:
             for source in self._sources:
                 if source.consumer_tag is not None and not channel.is_closed:

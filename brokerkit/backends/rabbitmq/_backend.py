@@ -29,6 +29,7 @@ from brokerkit.backends import (
     UnsupportedFeature,
     parse_options,
 )
+from brokerkit.backends.rabbitmq import _frames as frames
 from brokerkit.backends.rabbitmq._codec import new_id, properties
 from brokerkit.backends.rabbitmq._held import Source
 from brokerkit.backends.rabbitmq._ledger import Ledger
@@ -42,6 +43,8 @@ __all__ = ["RabbitBackend"]
 _log = logging.getLogger(__name__)
 
 _RESEND_ROUNDS = 6
+_CHUNK = 100
+"""Publishes per socket write (when the aiormq channel allows batching)."""
 ACK_FLUSH_INTERVAL = 0.01
 """Acks are written at the next turn of the event loop, many in one frame write: well
 under this bound unless the loop itself is blocked."""
@@ -250,22 +253,23 @@ class RabbitBackend(Backend):
             with link.errors:
                 async with asyncio.timeout(self.options.request_timeout) as deadline:
                     loop = asyncio.get_running_loop()
-                    for index in todo:
-                        target, body, props = items[index]
-                        if len(pending) >= window:
+                    batched = frames.supported(channel)
+                    step = min(window, _CHUNK) if batched else 1
+                    for at in range(0, len(todo), step):
+                        chunk = todo[at : at + step]
+                        while pending and len(pending) + len(chunk) > window:
                             first, fut = pending.popleft()
                             settle(first, await _confirmation(fut))
                             deadline.reschedule(loop.time() + self.options.request_timeout)
-                        pending.append(
-                            (
-                                index,
-                                asyncio.ensure_future(
-                                    channel.basic_publish(
-                                        body, routing_key=target, properties=props, mandatory=True
-                                    )
-                                ),
+                        if batched:
+                            futs = await frames.publish_batch(channel, [items[i] for i in chunk])
+                            pending.extend(zip(chunk, futs, strict=True))
+                        else:
+                            target, body, props = items[chunk[0]]
+                            publish = channel.basic_publish(
+                                body, routing_key=target, properties=props, mandatory=True
                             )
-                        )
+                            pending.append((chunk[0], asyncio.ensure_future(publish)))
                     while pending:
                         first, fut = pending.popleft()
                         settle(first, await _confirmation(fut))

@@ -45,6 +45,7 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
 )
+from brokerkit.backends.rabbitmq import _frames as frames
 from brokerkit.backends.rabbitmq._codec import parse
 from brokerkit.backends.rabbitmq._held import (
     DELAYED,
@@ -359,13 +360,16 @@ class RabbitReceiver(Receiver[Lease]):
             return  # the channel is gone: the broker redelivers them (at-least-once)
         lowest = next(iter(self._unacked), None)  # dict order is delivery-tag order
         below = [t for t in acks if lowest is None or t < lowest]
+        singles = [t for t in acks if lowest is not None and t > lowest]
         try:
             with self._link.errors:
+                if frames.supported(channel):
+                    frames.write_acks(channel, singles, max(below) if below else None)
+                    return
                 if below:
                     await channel.basic_ack(max(below), multiple=True, wait=False)
-                for tag in acks:
-                    if lowest is not None and tag > lowest:
-                        await channel.basic_ack(tag, wait=False)
+                for tag in singles:
+                    await channel.basic_ack(tag, wait=False)
         except BrokerkitError as exc:
             _log.debug("acks not written (the broker redelivers them): %s", exc)
 

@@ -28,7 +28,7 @@ from brokerkit.backends.rabbitmq._errors import error_map, is_transient, stored_
 from brokerkit.backends.rabbitmq._options import RabbitOptions
 from brokerkit.backends.rabbitmq._topology import Topology, marker_arguments, quorum_arguments
 
-__all__ = ["Link", "main_queues"]
+__all__ = ["Link", "close_channel_quietly", "main_queues"]
 
 _log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Link:
                 return await asyncio.wait_for(operation(channel), self.options.request_timeout)
         finally:
             if not channel.is_closed:
-                await _close_channel_quietly(channel)
+                await close_channel_quietly(channel)
 
     async def aclose(self) -> None:
         if self.closed:
@@ -193,7 +193,7 @@ class Link:
         self.closed = True
         publisher, self._publisher = self._publisher, None
         if publisher is not None and not publisher.is_closed:
-            await _close_channel_quietly(publisher)
+            await close_channel_quietly(publisher)
         conn, self._connection = self._connection, None
         if conn is not None and self._owns:
             await _close_quietly(conn)
@@ -275,7 +275,10 @@ def main_queues(topology: Topology, partitions: int) -> list[tuple[str, dict[str
     ]
 
 
-async def _close_channel_quietly(channel: aiormq.abc.AbstractChannel) -> None:
+async def close_channel_quietly(channel: aiormq.abc.AbstractChannel) -> None:
+    """Close a channel, ignoring a broker or connection already gone (bounded: 5 s)."""
+    if channel.is_closed:
+        return
     try:
         await asyncio.wait_for(channel.close(), 5)
     except (amqp.AMQPError, amqp.ChannelInvalidStateError, OSError, TimeoutError, RuntimeError):

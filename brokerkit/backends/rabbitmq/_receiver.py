@@ -16,9 +16,9 @@ unless ``?prefetch=`` is given. Delivery states: see ``_held``.
 * lease expiry -> this receiver rejects the message itself at ``ack_timeout`` (RabbitMQ's
   own consumer_timeout is 30 min and closes the whole channel); a late settle raises
   LeaseExpired (the token moved on);
-* release -> back to the front here; aclose -> cancel every consumer, then give back
-  every unacked delivery in delivery order: ``basic.reject`` for what the caller saw (a
-  failed attempt), ``basic.nack`` for what it never saw (not counted from 4.3 on);
+* release -> back to the front here; aclose -> give back every unacked delivery in
+  order (see ``aclose``: explicitly for unordered sources, by the channel close for
+  partitions, so a partition changes hands in one broker step);
 * the channel lost (connection drop, broker restart) -> every receipt is void
   (LeaseExpired; the broker took them all back) and the next ``receive`` subscribes anew.
 """
@@ -58,7 +58,7 @@ from brokerkit.backends.rabbitmq._held import (
     Source,
 )
 from brokerkit.backends.rabbitmq._ledger import Ledger
-from brokerkit.backends.rabbitmq._link import Link
+from brokerkit.backends.rabbitmq._link import Link, close_channel_quietly
 
 __all__ = ["RabbitReceiver"]
 
@@ -142,7 +142,7 @@ class RabbitReceiver(Receiver[Lease]):
                     source.consumer_tag = ok.consumer_tag
         except BaseException:
             self._lost(channel)
-            await _close_quietly(channel)
+            await close_channel_quietly(channel)
             raise
         if self._janitor is None:
             self._janitor = asyncio.ensure_future(self._janitor_loop())
@@ -441,7 +441,19 @@ class RabbitReceiver(Receiver[Lease]):
     # -- closing ----------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Cancel the consumers, give back what is unacked in delivery order, close."""
+        """Give back what is unacked, then close the channel.
+
+        Unordered sources (the free queue, a DLQ): their consumers are cancelled first,
+        then each unacked delivery is given back in delivery order, ``basic.reject`` for
+        what the caller saw (a failed attempt), ``basic.nack`` for what it never saw (not
+        counted from 4.3 on). Partitions: the channel close itself returns their unacked
+        deliveries, in order and in the same broker step that hands the partition to the
+        next single active consumer. A ``basic.cancel`` first would activate the next
+        consumer while this one still holds the head of a group (seen on the broker's
+        side as two consumers of one group at once, and the head returned behind
+        later messages); the price is that RabbitMQ counts a fetched-ahead, never seen
+        partition delivery as an attempt.
+        """
         if self._closing:
             return
         self._closing = True
@@ -454,27 +466,21 @@ class RabbitReceiver(Receiver[Lease]):
             return
         await self._write_acks()  # what the caller acked is acked
         try:
-            for source in self._sources:
+            unordered = [s for s in self._sources if not s.ordered]
+            for source in unordered:
                 if source.consumer_tag is not None and not channel.is_closed:
                     await asyncio.wait_for(channel.basic_cancel(source.consumer_tag), 5)
             for tag in sorted(self._unacked):
                 held = self._unacked[tag]
+                if held.source.ordered:
+                    continue
                 if held.seen:  # handed out and not settled: a failed attempt
                     await channel.basic_reject(tag, requeue=True, wait=False)
                 else:  # fetched ahead, never seen: not a failure (uncounted from 4.3)
                     await channel.basic_nack(tag, requeue=True, wait=False)
-            self._unacked = {}
         except (amqp.AMQPError, amqp.ChannelInvalidStateError, OSError, TimeoutError) as exc:
             _log.debug("closing a receiver: %r (the channel close returns the rest)", exc)
         finally:
+            self._unacked = {}
             self._channel = None
-            await _close_quietly(channel)
-
-
-async def _close_quietly(channel: aiormq.abc.AbstractChannel) -> None:
-    if channel.is_closed:
-        return
-    try:
-        await asyncio.wait_for(channel.close(), 5)
-    except (amqp.AMQPError, amqp.ChannelInvalidStateError, OSError, TimeoutError, RuntimeError):
-        pass
+            await close_channel_quietly(channel)

@@ -23,7 +23,7 @@ from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-__all__ = ["publish_batch", "supported", "write_acks"]
+__all__ = ["publish_batch", "send_acks", "supported"]
 
 _NEEDED = ("confirmations", "message_id_delivery_tag", "delivery_tag", "write_queue", "lock")
 
@@ -81,7 +81,22 @@ def _forget(by_id: dict[str, int], message_id: str, tag: int) -> Any:
     return forget
 
 
-def write_acks(channel: Any, tags: Sequence[int], multiple_up_to: int | None) -> None:
+async def send_acks(channel: Any, acks: Sequence[int], lowest_unacked: int | None) -> None:
+    """Ack ``acks``: one ``multiple`` ack for those below the lowest tag still unacked (all
+    of them when none is), single acks for the rest; in one write where supported."""
+    below = [t for t in acks if lowest_unacked is None or t < lowest_unacked]
+    singles = [t for t in acks if lowest_unacked is not None and t > lowest_unacked]
+    up_to = max(below) if below else None
+    if supported(channel):
+        _write_acks(channel, singles, up_to)
+        return
+    if up_to is not None:
+        await channel.basic_ack(up_to, multiple=True, wait=False)
+    for tag in singles:
+        await channel.basic_ack(tag, wait=False)
+
+
+def _write_acks(channel: Any, tags: Sequence[int], multiple_up_to: int | None) -> None:
     """Queue one ``multiple`` ack (if given) and single acks for ``tags``, in one write."""
     frames: list[Any] = []
     if multiple_up_to is not None:

@@ -129,6 +129,9 @@ class RabbitReceiver(Receiver[Lease]):
         self._channel = channel  # deliveries may arrive before the last basic.consume-ok
         self._unacked = {}
         channel.closing.add_done_callback(lambda _: self._lost(channel))
+        cancelled = getattr(channel, "on_consumer_cancel_callbacks", None)
+        if isinstance(cancelled, set):  # the broker cancelled a consumer (queue deleted)
+            cancelled.add(lambda _frame: self._resubscribe_later(channel))
         try:
             with link.errors:
                 qos = 0
@@ -154,6 +157,15 @@ class RabbitReceiver(Receiver[Lease]):
 
         return on_message
 
+    def _resubscribe_later(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """Close the channel (the broker takes back what it held); receive subscribes anew,
+        declaring the queues again if another client deleted them."""
+        if self._channel is channel and not self._closing:
+            _log.warning("RabbitMQ cancelled a consumer of a receiver; subscribing again")
+            task = asyncio.ensure_future(close_channel_quietly(channel))
+            self._stagers.add(task)
+            task.add_done_callback(self._stagers.discard)
+
     def _lost(self, channel: aiormq.abc.AbstractChannel) -> None:
         """The channel closed: the broker took back every unacked delivery."""
         if self._channel is not channel:
@@ -162,6 +174,7 @@ class RabbitReceiver(Receiver[Lease]):
         if not self._closing:
             _log.warning("RabbitMQ channel of a receiver closed; it will subscribe again")
         self._unacked = {}
+        self._acks = []  # tags of the old channel: never written on a new one
         self._ready.clear()
         self._gate = GroupGate()
         self._returning.clear()
@@ -359,17 +372,9 @@ class RabbitReceiver(Receiver[Lease]):
         if not acks or channel is None or channel.is_closed:
             return  # the channel is gone: the broker redelivers them (at-least-once)
         lowest = next(iter(self._unacked), None)  # dict order is delivery-tag order
-        below = [t for t in acks if lowest is None or t < lowest]
-        singles = [t for t in acks if lowest is not None and t > lowest]
         try:
             with self._link.errors:
-                if frames.supported(channel):
-                    frames.write_acks(channel, singles, max(below) if below else None)
-                    return
-                if below:
-                    await channel.basic_ack(max(below), multiple=True, wait=False)
-                for tag in singles:
-                    await channel.basic_ack(tag, wait=False)
+                await frames.send_acks(channel, acks, lowest)
         except BrokerkitError as exc:
             _log.debug("acks not written (the broker redelivers them): %s", exc)
 

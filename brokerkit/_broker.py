@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 
+from brokerkit._coalesce import PublishCoalescer
 from brokerkit._consumer import Consumer, ConsumerLink, check_consumer_args
 from brokerkit._dlq import split_envelope
-from brokerkit._errors import InvalidArgument, ResourceClosed
-from brokerkit._message import Outgoing, PublishResult
+from brokerkit._errors import InvalidArgument, ResourceClosed, UnsupportedFeature
+from brokerkit._message import BrowsedMessage, Outgoing, PublishResult, QueueStats
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
 from brokerkit._validate import check_int, check_name, check_outgoing
@@ -50,6 +51,7 @@ class Broker:
         self._closed = False
         self._open_lock = asyncio.Lock()
         self._consumers: set[Consumer] = set()
+        self._coalescers: dict[str, PublishCoalescer] = {}
         self._link = ConsumerLink(
             opened_backend=self._opened_backend,
             max_nack_delay=backend.capabilities.max_nack_delay,
@@ -112,13 +114,32 @@ class Broker:
     ) -> PublishResult:
         """Publish one message; return once the broker accepted it durably.
 
-        Raises InvalidName, InvalidMessage or MessageTooLarge before any I/O.
+        Raises InvalidName, InvalidMessage or MessageTooLarge before any I/O. Concurrent
+        calls for one queue are gathered into pipelined backend calls (each caller still
+        gets its own result or error; see ``brokerkit._coalesce``), so a service may
+        publish from thousands of tasks at once.
         """
         message = Outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
-        return (await self.publish_many(queue, [message]))[0]
+        (checked,) = self._checked(queue, (message,))
+        coalescer = self._coalescers.get(queue)
+        if coalescer is None:
+            backend = await self._opened_backend()
+            ref = QueueRef(queue)
+            coalescer = self._coalescers.setdefault(
+                queue, PublishCoalescer(lambda batch: backend.publish(ref, batch))
+            )
+        return await coalescer.publish(checked)
 
     async def publish_many(self, queue: str, messages: Iterable[Outgoing]) -> list[PublishResult]:
         """Publish in list order (the FIFO order within a fifo_group); all validated first."""
+        checked = self._checked(queue, messages)
+        if not checked:
+            return []
+        backend = await self._opened_backend()
+        return await backend.publish(QueueRef(queue), checked)
+
+    def _checked(self, queue: str, messages: Iterable[Outgoing]) -> list[Outgoing]:
+        """Validate a publish before any I/O; ResourceClosed on a closed broker."""
         check_name("queue", queue)
         caps = self.capabilities
         checked = [
@@ -132,10 +153,7 @@ class Broker:
         ]
         if self._closed:
             raise ResourceClosed(f"{self!r} is closed")
-        if not checked:
-            return []
-        backend = await self._opened_backend()
-        return await backend.publish(QueueRef(queue), checked)
+        return checked
 
     def consumer(
         self,
@@ -232,6 +250,51 @@ class Broker:
             )
         backend = await self._opened_backend()
         await backend.delete_queue(queue)
+
+    async def browse(
+        self, queue: str, *, dead_letters: bool = False, limit: int = 100
+    ) -> AsyncIterator[BrowsedMessage]:
+        """The oldest ``limit`` messages of ``queue`` (or its DLQ), oldest first, read without
+        any side effect: nothing is leased, no attempt counted, no order changed.
+
+        ``async for msg in broker.browse("orders", dead_letters=True): ...``. Raises
+        UnsupportedFeature where the broker cannot read without side effects
+        (``capabilities.browse`` is False): it never degrades to a destructive read.
+        """
+        check_name("queue", queue)
+        check_int("limit", limit, minimum=0)
+        if not self.capabilities.browse:
+            raise UnsupportedFeature(
+                f"{self.url.scheme}:// cannot browse without side effects (see its docs)"
+            )
+        backend = await self._opened_backend()
+        ref = QueueRef(queue).dlq if dead_letters else QueueRef(queue)
+        for delivery in await backend.browse(ref, limit):
+            headers, info = (
+                split_envelope(delivery.headers) if dead_letters else (delivery.headers, None)
+            )
+            yield BrowsedMessage(
+                id=delivery.id,
+                body=delivery.body,
+                headers=headers,
+                fifo_group=info.fifo_group if info else delivery.fifo_group,
+                dedup_id=info.dedup_id if info else delivery.dedup_id,
+                dead_letter_info=info,
+            )
+
+    async def stats(self, queue: str, group: str = DEFAULT_GROUP) -> QueueStats:
+        """What the broker can tell about ``queue`` for consumer ``group``: ready, in flight,
+        delayed, dead (the DLQ's depth), the oldest message's age; None where it cannot."""
+        check_name("queue", queue)
+        check_name("consumer group", group)
+        backend = await self._opened_backend()
+        ref = QueueRef(queue)
+        main = await backend.stats(ref, group)
+        dlq = await backend.stats(ref.dlq, None)
+        dead = (
+            dlq.ready if dlq.ready is None or dlq.in_flight is None else dlq.ready + dlq.in_flight
+        )
+        return QueueStats(main.ready, main.in_flight, main.delayed, dead, main.oldest_age)
 
     async def redrive(self, queue: str, limit: int | None = None) -> int:
         """Move dead messages back to ``queue``, oldest first, keeping fifo_group order.

@@ -43,3 +43,26 @@ async def test_from_client_uses_and_keeps_the_users_connection(robust: bool) -> 
         assert not connection.is_closed
     finally:
         await connection.close()
+
+
+async def test_stats_counts_ready_and_dead_and_creates_nothing() -> None:
+    queue = f"stats-{uuid.uuid4().hex[:12]}"
+    try:
+        broker = brokerkit.connect(URL)
+        await broker.open()
+    except brokerkit.BrokerUnavailable:
+        pytest.skip(f"no RabbitMQ at {URL}")
+    async with broker:
+        assert (await broker.stats(queue)).ready == 0  # never declared, still not
+        with pytest.raises(brokerkit.UnsupportedFeature):  # no read without side effects
+            async for _ in broker.browse(queue):
+                pass
+        await broker.publish_many(
+            queue, [brokerkit.Outgoing(b"a"), brokerkit.Outgoing(b"b", fifo_group="g")]
+        )
+        async with broker.consumer(queue) as consumer:
+            msg = await asyncio.wait_for(consumer.__anext__(), 10)
+            await msg.dead_letter("for the stats")
+        stats = await broker.stats(queue)
+        assert (stats.ready, stats.dead, stats.in_flight) == (1, 1, None)
+        await broker.delete_queue(queue)

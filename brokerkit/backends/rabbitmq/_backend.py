@@ -25,6 +25,7 @@ from brokerkit.backends import (
     Outgoing,
     PublishResult,
     QueueRef,
+    QueueStats,
     ReceiverSettings,
     UnsupportedFeature,
     parse_options,
@@ -43,6 +44,7 @@ __all__ = ["RabbitBackend"]
 _log = logging.getLogger(__name__)
 
 _RESEND_ROUNDS = 6
+_NOT_FOUND = 404
 _CHUNK = 100
 """Publishes per socket write (when the aiormq channel allows batching)."""
 ACK_FLUSH_INTERVAL = 0.01
@@ -165,6 +167,34 @@ class RabbitBackend(Backend):
         self._link.forget(names, queue)
         await self._link.admin(delete)
         self._link.forget(names, queue)
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        """ready = the ``message_count`` of a passive ``queue.declare`` of each RabbitMQ queue
+        (the free queue and every partition, or the DLQ): messages not delivered to any
+        consumer. In flight and delayed are held by consumers and not visible over AMQP."""
+        topology = self._topology(queue.name)
+
+        async def count(names: list[str]) -> int:
+            async def passive(channel: aiormq.abc.AbstractChannel) -> int:
+                total = 0
+                for name in names:
+                    ok = await channel.queue_declare(name, passive=True)
+                    total += int(ok.message_count or 0)
+                return total
+
+            return await self._link.admin(passive)
+
+        try:
+            # passive first: stats never creates the queue (nor its partition marker)
+            ready = await count([topology.dlq if queue.dead_letters else topology.free])
+            if not queue.dead_letters:
+                partitions = await self._link.partitions(topology)
+                ready += await count([topology.partition(i) for i in range(partitions)])
+        except BrokerRefused as exc:
+            if exc.code != _NOT_FOUND:
+                raise
+            ready = 0  # never declared: nothing in it
+        return QueueStats(ready=ready)
 
     # -- publishing ---------------------------------------------------------------------
 

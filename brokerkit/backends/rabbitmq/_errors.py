@@ -19,10 +19,13 @@ from brokerkit.backends import (
     ConfigError,
     ErrorMap,
     HostPort,
+    LeaseExpired,
     MessageTooLarge,
+    ResourceClosed,
+    UnsupportedFeature,
 )
 
-__all__ = ["error_map", "is_transient", "stored_value"]
+__all__ = ["MAPPED", "error_map", "is_transient", "stored_value"]
 
 _TRANSPORT = (
     amqp.AMQPConnectionError,
@@ -32,6 +35,16 @@ _TRANSPORT = (
     OSError,
     asyncio.TimeoutError,
 )
+MAPPED = (
+    BrokerUnavailable,
+    BrokerRefused,
+    ConfigError,
+    MessageTooLarge,
+    ResourceClosed,
+    UnsupportedFeature,
+    LeaseExpired,
+)
+"""Every brokerkit error this backend's calls raise (the table's, the retry's, its own)."""
 _AUTH = (amqp.AuthenticationError, amqp.ProbableAuthenticationError)
 _STORED = re.compile(r"but current is '([^']*)'")
 _TOO_LARGE = re.compile(r"larger than configured max size|message size", re.IGNORECASE)

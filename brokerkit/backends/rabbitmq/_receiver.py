@@ -36,7 +36,6 @@ from typing import Any
 import aiormq
 from aiormq import exceptions as amqp
 
-from brokerkit import BrokerkitError
 from brokerkit.backends import (
     BrokerRefused,
     Delivery,
@@ -47,6 +46,7 @@ from brokerkit.backends import (
 )
 from brokerkit.backends.rabbitmq import _frames as frames
 from brokerkit.backends.rabbitmq._codec import parse
+from brokerkit.backends.rabbitmq._errors import MAPPED
 from brokerkit.backends.rabbitmq._held import (
     DELAYED,
     GONE,
@@ -197,7 +197,7 @@ class RabbitReceiver(Receiver[Lease]):
                     raise
                 await self._redeclare()  # another client deleted the queue meanwhile
                 await self._subscribe()
-        except BrokerkitError as exc:
+        except MAPPED as exc:
             _log.warning("cannot subscribe to RabbitMQ yet: %s", exc)
             return False
         return True
@@ -252,7 +252,7 @@ class RabbitReceiver(Receiver[Lease]):
             if incoming.dedup_id is not None and ledger is not None:
                 try:
                     keep = await ledger.admit(incoming.dedup_id, incoming.id, incoming.stamp)
-                except (BrokerkitError, TimeoutError) as exc:  # the task must not die
+                except (*MAPPED, TimeoutError) as exc:  # the task must not die
                     _log.warning("dedup ledger unavailable, retrying: %r", exc)
                     await asyncio.sleep(_RESUBSCRIBE_PAUSE)
                     continue
@@ -375,7 +375,7 @@ class RabbitReceiver(Receiver[Lease]):
         try:
             with self._link.errors:
                 await frames.send_acks(channel, acks, lowest)
-        except BrokerkitError as exc:
+        except MAPPED as exc:
             _log.debug("acks not written (the broker redelivers them): %s", exc)
 
     async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
@@ -440,7 +440,7 @@ class RabbitReceiver(Receiver[Lease]):
                     if held.state == LEASED and held.token == token and held.deadline <= now:
                         await self._return(held)
                 await self._fire_dues(now, grace=_LAZY_GRACE)
-            except BrokerkitError as exc:
+            except MAPPED as exc:
                 _log.debug("receiver janitor: %s", exc)
 
     # -- closing ----------------------------------------------------------------------

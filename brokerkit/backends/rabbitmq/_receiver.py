@@ -261,7 +261,10 @@ class RabbitReceiver(Receiver[Lease]):
                 if not keep:  # a duplicate inside its window: acked, never delivered
                     staging.popleft()
                     held.state = GONE
-                    await self._send_ack(held)
+                    try:
+                        await self._send_ack(held)
+                    except LeaseExpired:
+                        return  # the channel went: the broker redelivers it, decided again
                     continue
             staging.popleft()
             self._admit(held)

@@ -10,6 +10,8 @@ node on 5672. The test checks, with polling deadlines:
 * every publish that returned before the restart is delivered after it (quorum queues
   are durable; nothing confirmed is lost);
 * the consumer that was iterating keeps working by itself (reconnects, subscribes anew);
+* a publish started while the node is down returns after the restart (and its message
+  is delivered) or raises BrokerUnavailable after the bounded retry: it never hangs;
 * the delivery it held unsettled across the restart comes back, attempt counted;
 * nothing acked before the restart is delivered again, nothing after it twice.
 
@@ -230,14 +232,22 @@ async def test_consumer_rides_out_a_rabbitmq_restart(node: RabbitNode) -> None:
 
             # 3. restart the node while the consumer is blocked in receive
             node.stop()
+            # a publish during the outage: returns after recovery or raises
+            # BrokerUnavailable after the bounded retry; never hangs, never lies
+            during = asyncio.ensure_future(broker.publish(queue, b"during"))
             await asyncio.sleep(DOWN_FOR)
             node.start()
             await node.ready()
+            try:
+                await asyncio.wait_for(during, 60)
+                published_during = {b"during"}
+            except brokerkit.BrokerUnavailable:
+                published_during = set()
 
             # 4. publishes after the restart arrive; the held one comes back, counted
             after = [brokerkit.Outgoing(b"n%d" % i) for i in range(5)]
             await broker.publish_many(queue, after)
-            want = {b"n%d" % i for i in range(5)} | {held.body}
+            want = {b"n%d" % i for i in range(5)} | {held.body} | published_during
             await until(
                 "post-restart messages and the held one",
                 lambda: want <= {b for b, _ in seen},
@@ -258,7 +268,8 @@ async def test_consumer_rides_out_a_rabbitmq_restart(node: RabbitNode) -> None:
         for body in bodies:
             assert bodies.count(body) == 1, f"{body!r} delivered {bodies.count(body)} times"
         assert dict(seen)[held.body] > held.attempt  # the unsettled delivery was counted
-        assert set(bodies) == {b"m%d" % i for i in range(5, 10)} | {b"n%d" % i for i in range(5)}
+        expected = {b"m%d" % i for i in range(5, 10)} | {b"n%d" % i for i in range(5)}
+        assert set(bodies) == expected | published_during
 
         # 5. every confirmed publish survived, each group still in order
         got: list[brokerkit.Message] = []

@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,126 +32,18 @@ import pytest_asyncio
 
 import brokerkit
 
-aiormq = pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit[rabbitmq])")
+pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit[rabbitmq])")
 
-RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+from _rabbit_node import RABBIT_BIN, RabbitNode
+
 pytestmark = pytest.mark.skipif(
     not (RABBIT_BIN / "rabbitmq-server").exists(),
     reason="no rabbitmq-server at /usr/lib/rabbitmq/bin (scripts/services up rabbitmq)",
 )
 
-READY_TIMEOUT = 120.0  # a cold RabbitMQ boot on a loaded 2-core machine
-STOP_TIMEOUT = 60.0
 ACK_TIMEOUT = 3.0
 DOWN_FOR = 2.0
 DEADLINE = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class RabbitNode:
-    """One throwaway RabbitMQ node; ``stop``/``start`` keep its ports and data."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.port = _free_port()
-        self.dist_port = _free_port()
-        self.node = f"bk-restart-{uuid.uuid4().hex[:8]}@localhost"
-        self.proc: subprocess.Popen[bytes] | None = None
-        for sub in ("home", "mnesia", "log"):
-            (workdir / sub).mkdir(parents=True, exist_ok=True)
-        (workdir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
-            "loopback_users.guest = true\nlog.console = true\nlog.file = false\n"
-        )
-        (workdir / "rabbitmq-env.conf").write_text("# empty: keeps /etc/rabbitmq out\n")
-        (workdir / "enabled_plugins").write_text("[].\n")
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
-
-    def env(self) -> dict[str, str]:
-        d = self.workdir
-        loop = "-kernel inet_dist_use_interface {127,0,0,1}"
-        return dict(
-            os.environ,
-            ERL_EPMD_ADDRESS="127.0.0.1",
-            ERL_EPMD_PORT="4369",
-            HOME=str(d / "home"),
-            RABBITMQ_NODENAME=self.node,
-            RABBITMQ_USE_LONGNAME="false",
-            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
-            RABBITMQ_NODE_PORT=str(self.port),
-            RABBITMQ_DIST_PORT=str(self.dist_port),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=loop,
-            RABBITMQ_CTL_ERL_ARGS=loop,
-            RABBITMQ_BASE=str(d),
-            RABBITMQ_CONFIG_FILE=str(d / "rabbitmq.conf"),
-            RABBITMQ_CONF_ENV_FILE=str(d / "rabbitmq-env.conf"),
-            RABBITMQ_ENABLED_PLUGINS_FILE=str(d / "enabled_plugins"),
-            RABBITMQ_MNESIA_BASE=str(d / "mnesia"),
-            RABBITMQ_LOG_BASE=str(d / "log"),
-            RABBITMQ_LOGS="-",
-            RABBITMQ_PID_FILE=str(d / "node.pid"),
-        )
-
-    def start(self) -> None:
-        log = open(self.workdir / "node.log", "ab")
-        self.proc = subprocess.Popen(
-            [str(RABBIT_BIN / "rabbitmq-server")],
-            env=self.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() signals the whole node
-        )
-        log.close()
-
-    async def ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while True:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"RabbitMQ node exited early, see {self.workdir}/node.log")
-            with contextlib.suppress(Exception):
-                conn = await asyncio.wait_for(aiormq.connect(self.url), 5)
-                await conn.close()
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"RabbitMQ node on {self.port} not ready in {READY_TIMEOUT}s")
-            await asyncio.sleep(0.5)
-
-    def stop(self) -> None:
-        """SIGTERM to the node's process group (a graceful stop), SIGKILL if it hangs."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=STOP_TIMEOUT)
-        self._reap_group(proc.pid)
-
-    @staticmethod
-    def _reap_group(pgid: int) -> None:
-        """Erlang helpers (erl_child_setup, inet_gethost) may outlive beam: end them too."""
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            time.sleep(0.1)
 
 
 @pytest_asyncio.fixture

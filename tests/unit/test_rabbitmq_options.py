@@ -141,3 +141,18 @@ def test_stored_value_from_precondition_failed() -> None:
     )
     assert stored_value(exc) == "partitions=8"
     assert stored_value(Exception("other")) is None
+
+
+def test_failed_tls_handshake_is_a_config_error_not_retried() -> None:
+    from aiormq.exceptions import AMQPConnectionError
+
+    from brokerkit.backends import HostPort
+    from brokerkit.backends.rabbitmq._errors import error_map, is_transient
+
+    exc = AMQPConnectionError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    assert not is_transient(exc)
+    mapped = error_map([HostPort("h", 5671)]).translate(exc)
+    assert isinstance(mapped, brokerkit.ConfigError) and "CERTIFICATE_VERIFY_FAILED" in str(mapped)
+    refused = AMQPConnectionError(111, "Connect call failed ('127.0.0.1', 1)")
+    assert is_transient(refused)
+    assert isinstance(error_map([HostPort("h", 1)]).translate(refused), brokerkit.BrokerUnavailable)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections.abc import Sequence
 
 from aiormq import exceptions as amqp
@@ -47,12 +48,26 @@ MAPPED = (
 """Every brokerkit error this backend's calls raise (the table's, the retry's, its own)."""
 _AUTH = (amqp.AuthenticationError, amqp.ProbableAuthenticationError)
 _STORED = re.compile(r"but current is '([^']*)'")
+_SSL_REASON = re.compile(r"\[SSL: ([A-Z_]+)\]")
 _TOO_LARGE = re.compile(r"larger than configured max size|message size", re.IGNORECASE)
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Worth retrying while connecting: nobody answered (yet); credentials are not."""
-    return isinstance(exc, _TRANSPORT) and not isinstance(exc, _AUTH)
+    """Worth retrying while connecting: nobody answered (yet); credentials and a failed
+    TLS handshake are not."""
+    return isinstance(exc, _TRANSPORT) and not isinstance(exc, _AUTH) and _tls_problem(exc) is None
+
+
+def _tls_problem(exc: BaseException) -> str | None:
+    """The TLS reason when ``exc`` (or what it wraps) is a failed TLS handshake."""
+    if isinstance(exc, ssl.SSLError):
+        return str(getattr(exc, "reason", None) or type(exc).__name__)
+    if isinstance(exc, amqp.AMQPConnectionError):
+        text = " ".join(str(a) for a in exc.args)
+        found = _SSL_REASON.search(text)
+        if found:
+            return found.group(1)
+    return None
 
 
 def stored_value(exc: BaseException) -> str | None:
@@ -89,8 +104,18 @@ def error_map(hosts: Sequence[HostPort]) -> ErrorMap:
             return MessageTooLarge(f"RabbitMQ at {where} refused the message as too large")
         return BrokerRefused(f"RabbitMQ at {where} refused: {text}", code=406)
 
+    def tls(exc: BaseException) -> ConfigError | None:
+        reason = _tls_problem(exc)
+        if reason is None:
+            return None  # not TLS: the next rule decides
+        return ConfigError(
+            f"TLS with RabbitMQ at {where} failed ({reason}): check tls_ca, tls_verify "
+            "and that the port speaks TLS"
+        )
+
     return ErrorMap(
         (_AUTH, lambda e: ConfigError(f"RabbitMQ at {where} refused the credentials")),
+        ((ssl.SSLError, amqp.AMQPConnectionError), tls),
         (
             amqp.ConnectionNotAllowed,
             lambda e: ConfigError(f"RabbitMQ at {where} refused access to the virtual host"),

@@ -28,6 +28,7 @@ def _backend(url: str) -> RabbitBackend:
 def test_defaults_and_capabilities() -> None:
     b = _backend(URL)
     assert (b.options.partitions, b.options.prefetch, b.options.heartbeat) == (8, None, 60)
+    assert b.options.max_held == 256
     caps = b.capabilities
     assert caps.fan_out is False  # one consumer group per queue, a second one is refused
     assert caps.max_nack_delay == MAX_NACK_DELAY < 30 * 60  # below RabbitMQ's consumer_timeout
@@ -48,6 +49,7 @@ def test_typed_query_options() -> None:
         "partitions=0",
         "partitions=x",
         "prefetch=0",
+        "max_held=0",
         "heartbeat=-1",
         "connect_timeout=0",
         "request_timeout=-2",

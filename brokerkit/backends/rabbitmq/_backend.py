@@ -81,7 +81,11 @@ class RabbitBackend(Backend):
             max_nack_delay=MAX_NACK_DELAY,
             redelivery_slack=1.0,
             ack_flush_interval=ACK_FLUSH_INTERVAL,
-            extras={"partitions": options.partitions, "prefetch": options.prefetch},
+            extras={
+                "partitions": options.partitions,
+                "prefetch": options.prefetch,
+                "max_held": options.max_held,
+            },
         )
 
     def __repr__(self) -> str:

@@ -22,9 +22,13 @@ class RabbitOptions(Options):
     queue and stored on the server (the ``<prefix>.<queue>.meta`` marker): later clients
     use the stored number, whatever they ask for."""
     prefetch: int | None = Field(default=None, ge=1, le=65535)
-    """``basic.qos`` per consumed RabbitMQ queue. Unset: the consumer's own ``prefetch``
-    for the queue of messages without a fifo_group, a share of it (at least 1) for each
-    partition, so that fetching ahead stays within twice the consumer's prefetch."""
+    """Deliveries a consumer fetches ahead. Unset: the consumer's own ``prefetch``. The
+    queue of messages without a fifo_group gets all of it, each partition a share (at
+    least 1). ``basic.qos`` of each RabbitMQ queue is this plus its ``max_held`` share."""
+    max_held: int = Field(default=256, ge=1, le=65535)
+    """Deliveries a consumer may hold unsettled (handed out, or waiting out a nack delay)
+    while RabbitMQ keeps delivering: added to ``basic.qos`` (each partition a share, at
+    least 1), since RabbitMQ counts every unacked delivery against it."""
     max_in_flight: int = Field(default=500, ge=1, le=65535)
     """Publishes awaiting their confirm at once, per ``publish_many`` (a sliding window)."""
     heartbeat: int = Field(default=60, ge=0, le=3600)

@@ -110,16 +110,18 @@ class RabbitReceiver(Receiver[Lease]):
     # -- subscribing ------------------------------------------------------------------
 
     def _size(self, max_messages: int) -> None:
-        """basic.qos per source, from ``?prefetch=`` or the consumer's prefetch."""
-        fixed = self._link.options.prefetch
+        """basic.qos per source: what may be fetched ahead (``?prefetch=``, else the
+        consumer's prefetch) plus what the caller may hold unsettled (``?max_held=``);
+        a partition gets a share of each, at least 1."""
+        options = self._link.options
+        ahead = options.prefetch or max(1, max_messages)
+        held = options.max_held
         ordered = sum(1 for s in self._sources if s.ordered) or 1
         for source in self._sources:
-            if fixed is not None:
-                source.prefetch = fixed
-            elif source.ordered:
-                source.prefetch = max(1, -(-max_messages // ordered))
+            if source.ordered:
+                source.prefetch = -(-ahead // ordered) + -(-held // ordered)
             else:
-                source.prefetch = max(1, max_messages)
+                source.prefetch = ahead + held
 
     async def _subscribe(self) -> None:
         link = self._link

@@ -158,3 +158,13 @@ def test_failed_tls_handshake_is_a_config_error_not_retried() -> None:
     refused = AMQPConnectionError(111, "Connect call failed ('127.0.0.1', 1)")
     assert is_transient(refused)
     assert isinstance(error_map([HostPort("h", 1)]).translate(refused), brokerkit.BrokerUnavailable)
+
+
+def test_qos_is_fetch_ahead_plus_held_shared_by_partitions() -> None:
+    from brokerkit.backends.rabbitmq._held import Source, size
+
+    sources = [Source("free", ordered=False), *(Source(f"p{i}", ordered=True) for i in range(8))]
+    size(sources, 32, 256)
+    assert [s.prefetch for s in sources] == [288] + [4 + 32] * 8
+    size(sources, 1, 1)
+    assert [s.prefetch for s in sources] == [2] + [2] * 8  # never below one of each

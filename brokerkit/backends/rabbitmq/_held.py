@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from brokerkit.backends.rabbitmq._codec import Incoming
 
-__all__ = ["DELAYED", "GONE", "LEASED", "READY", "RETURNING", "Held", "Lease", "Source"]
+__all__ = [
+    "DELAYED",
+    "GONE",
+    "LEASED",
+    "READY",
+    "RETURNING",
+    "Held",
+    "Lease",
+    "Source",
+    "size",
+]
 
 READY, LEASED, DELAYED, RETURNING, GONE = range(5)
 """READY: deliverable (a grouped one only as its group's head); LEASED: handed out;
@@ -69,3 +80,17 @@ class Lease:
     def __init__(self, held: Held, token: int) -> None:
         self.held = held
         self.token = token
+
+
+def size(sources: Sequence[Source], ahead: int, held: int) -> None:
+    """Set each source's ``basic.qos``: what may be fetched ahead (``ahead``: ``?prefetch=``
+    or the consumer's prefetch) plus what the caller may hold unsettled (``held``:
+    ``?max_held=``), RabbitMQ counting every unacked delivery; each partition gets a share
+    of both, at least 1."""
+    ahead = max(1, ahead)
+    ordered = sum(1 for s in sources if s.ordered) or 1
+    for source in sources:
+        if source.ordered:
+            source.prefetch = -(-ahead // ordered) + -(-held // ordered)
+        else:
+            source.prefetch = ahead + held

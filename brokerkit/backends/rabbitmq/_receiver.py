@@ -56,6 +56,7 @@ from brokerkit.backends.rabbitmq._held import (
     Held,
     Lease,
     Source,
+    size,
 )
 from brokerkit.backends.rabbitmq._ledger import Ledger
 from brokerkit.backends.rabbitmq._link import Link, close_channel_quietly
@@ -108,20 +109,6 @@ class RabbitReceiver(Receiver[Lease]):
         self._closing = False
 
     # -- subscribing ------------------------------------------------------------------
-
-    def _size(self, max_messages: int) -> None:
-        """basic.qos per source: what may be fetched ahead (``?prefetch=``, else the
-        consumer's prefetch) plus what the caller may hold unsettled (``?max_held=``);
-        a partition gets a share of each, at least 1."""
-        options = self._link.options
-        ahead = options.prefetch or max(1, max_messages)
-        held = options.max_held
-        ordered = sum(1 for s in self._sources if s.ordered) or 1
-        for source in self._sources:
-            if source.ordered:
-                source.prefetch = -(-ahead // ordered) + -(-held // ordered)
-            else:
-                source.prefetch = ahead + held
 
     async def _subscribe(self) -> None:
         link = self._link
@@ -190,7 +177,8 @@ class RabbitReceiver(Receiver[Lease]):
         if self._channel is not None and not self._channel.is_closed:
             return True
         if not self._sources[0].prefetch:
-            self._size(max_messages)
+            options = self._link.options
+            size(self._sources, options.prefetch or max_messages, options.max_held)
         try:
             try:
                 await self._subscribe()

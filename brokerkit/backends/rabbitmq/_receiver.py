@@ -99,7 +99,10 @@ class RabbitReceiver(Receiver[Lease]):
         self._ready: deque[Held] = deque()
         self._gate: GroupGate[Held] = GroupGate()
         self._returning: dict[str, Held] = {}
-        self._leases: list[tuple[float, int, Held]] = []
+        # leases in hand-out order (deadlines never decrease: one ack_timeout, a rising
+        # clock), pruned from the front as they settle; extended ones in a heap
+        self._leases: deque[tuple[float, int, Held]] = deque()
+        self._extended: list[tuple[float, int, Held]] = []
         self._dues: list[tuple[float, int, Held]] = []
         self._wakeup = asyncio.Event()
         self._janitor: asyncio.Task[None] | None = None
@@ -168,6 +171,7 @@ class RabbitReceiver(Receiver[Lease]):
         self._gate = GroupGate()
         self._returning.clear()
         self._leases.clear()
+        self._extended.clear()
         self._dues.clear()
         for source in self._sources:
             source.staging.clear()
@@ -298,7 +302,7 @@ class RabbitReceiver(Receiver[Lease]):
             held.state = LEASED
             held.seen = True
             held.deadline = deadline = now + lease
-            heapq.heappush(leases, (deadline, token, held))
+            leases.append((deadline, token, held))
             incoming = held.incoming
             out.append(
                 Delivery(
@@ -384,7 +388,7 @@ class RabbitReceiver(Receiver[Lease]):
         """extend -> a later deadline here (the broker has no lease to renew)."""
         held = self._held(delivery, "extend")
         held.deadline = deadline = asyncio.get_running_loop().time() + ack_timeout
-        heapq.heappush(self._leases, (deadline, held.token, held))
+        heapq.heappush(self._extended, (deadline, held.token, held))
 
     async def release(self, deliveries: Sequence[Delivery[Lease]]) -> None:
         """Unseen deliveries go back to the front here (``aclose`` returns them uncounted)."""
@@ -426,10 +430,17 @@ class RabbitReceiver(Receiver[Lease]):
         while not self._closing:
             await asyncio.sleep(_JANITOR_TICK)
             now = loop.time()
-            leases = self._leases
+            leases, extended = self._leases, self._extended
             try:
-                while leases and leases[0][0] <= now:
-                    _, token, held = heapq.heappop(leases)
+                while leases:
+                    deadline, token, held = leases[0]
+                    if held.state == LEASED and held.token == token and deadline > now:
+                        break  # the oldest live lease has time left
+                    leases.popleft()  # settled, re-leased, extended or expired
+                    if held.state == LEASED and held.token == token and held.deadline <= now:
+                        await self._return(held)
+                while extended and extended[0][0] <= now:
+                    _, token, held = heapq.heappop(extended)
                     if held.state == LEASED and held.token == token and held.deadline <= now:
                         await self._return(held)
                 await self._fire_dues(now, grace=_LAZY_GRACE)

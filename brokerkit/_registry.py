@@ -23,6 +23,8 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "nats": ("brokerkit.backends.nats:NatsBackend", "nats"),
     "tls": ("brokerkit.backends.nats:NatsBackend", "nats"),
     "sqs": ("brokerkit.backends.sqs:SqsBackend", "sqs"),
+    "amqp": ("brokerkit.backends.rabbitmq:RabbitBackend", "rabbitmq"),
+    "amqps": ("brokerkit.backends.rabbitmq:RabbitBackend", "rabbitmq"),
 }
 
 

@@ -7,13 +7,13 @@ from collections.abc import Iterable
 from types import TracebackType
 
 from brokerkit._coalesce import PublishCoalescer
-from brokerkit._consumer import Consumer, ConsumerLink, check_consumer_args
+from brokerkit._consumer import Consumer, ConsumerLink
 from brokerkit._dlq import split_envelope
 from brokerkit._errors import InvalidArgument, ResourceClosed
 from brokerkit._message import Outgoing, PublishResult
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
-from brokerkit._validate import check_int, check_name, check_outgoing
+from brokerkit._validate import check_consumer_args, check_int, check_name, check_outgoing
 from brokerkit.backends.base import Backend, Capabilities, QueueRef, ReceiverSettings
 
 DEFAULT_GROUP = "default"

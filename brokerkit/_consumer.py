@@ -467,18 +467,4 @@ class Consumer:
             await receiver.aclose()
 
 
-def check_consumer_args(
-    max_attempts: object, ack_timeout: object, prefetch: object, close_timeout: object
-) -> tuple[int, float, int, float]:
-    """Validate consumer arguments before any I/O."""
-    from brokerkit._validate import check_int
-
-    attempts = check_int("max_attempts", max_attempts, minimum=1)
-    timeout = check_seconds("ack_timeout", ack_timeout, positive=True)
-    fetch = check_int("prefetch", prefetch, minimum=1)
-    close = check_seconds("close_timeout", close_timeout)
-    assert timeout is not None and close is not None
-    return attempts, timeout, fetch, close
-
-
-__all__ = ["Consumer", "ConsumerLink", "Message", "check_consumer_args"]
+__all__ = ["Consumer", "ConsumerLink", "Message"]

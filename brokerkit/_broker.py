@@ -215,6 +215,7 @@ class Broker:
             ack_timeout=timeout,
             prefetch=fetch,
             close_timeout=close,
+            max_in_flight=2**31 - 1,
         )
         self._consumers.add(consumer)
         return consumer

@@ -12,7 +12,9 @@ The behaviour is the contract in CONTRACT.md, proven per backend by
 ``brokerkit check URL``. Importing brokerkit imports no broker client library.
 """
 
+from brokerkit._app import App
 from brokerkit._broker import Broker, connect, from_backend
+from brokerkit._codec import Codec, JsonCodec
 from brokerkit._consumer import Consumer, Message
 from brokerkit._errors import (
     AlreadySettled,
@@ -29,6 +31,8 @@ from brokerkit._errors import (
     UnsupportedFeature,
 )
 from brokerkit._message import DeadLetterInfo, Outgoing, PublishResult
+from brokerkit._middleware import Middleware, Outcome, Route
+from brokerkit._policy import Reject, RetryPolicy
 from brokerkit._url import BrokerURL
 from brokerkit.backends.base import Capabilities
 
@@ -36,24 +40,32 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AlreadySettled",
+    "App",
     "Broker",
     "BrokerRefused",
     "BrokerURL",
     "BrokerUnavailable",
     "BrokerkitError",
     "Capabilities",
+    "Codec",
     "ConfigError",
     "Consumer",
     "DeadLetterInfo",
     "InvalidArgument",
     "InvalidMessage",
     "InvalidName",
+    "JsonCodec",
     "LeaseExpired",
     "Message",
     "MessageTooLarge",
+    "Middleware",
+    "Outcome",
     "Outgoing",
     "PublishResult",
+    "Reject",
     "ResourceClosed",
+    "RetryPolicy",
+    "Route",
     "UnsupportedFeature",
     "__version__",
     "connect",

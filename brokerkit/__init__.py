@@ -30,7 +30,13 @@ from brokerkit._errors import (
     ResourceClosed,
     UnsupportedFeature,
 )
-from brokerkit._message import DeadLetterInfo, Outgoing, PublishResult
+from brokerkit._message import (
+    BrowsedMessage,
+    DeadLetterInfo,
+    Outgoing,
+    PublishResult,
+    QueueStats,
+)
 from brokerkit._middleware import Middleware, Outcome, Route
 from brokerkit._policy import Reject, RetryPolicy
 from brokerkit._url import BrokerURL
@@ -46,6 +52,7 @@ __all__ = [
     "BrokerURL",
     "BrokerUnavailable",
     "BrokerkitError",
+    "BrowsedMessage",
     "Capabilities",
     "Codec",
     "ConfigError",
@@ -62,6 +69,7 @@ __all__ = [
     "Outcome",
     "Outgoing",
     "PublishResult",
+    "QueueStats",
     "Reject",
     "ResourceClosed",
     "RetryPolicy",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 
 from brokerkit._coalesce import PublishCoalescer
 from brokerkit._consumer import Consumer, ConsumerLink
 from brokerkit._dlq import split_envelope
-from brokerkit._errors import InvalidArgument, ResourceClosed
-from brokerkit._message import Outgoing, PublishResult
+from brokerkit._errors import InvalidArgument, ResourceClosed, UnsupportedFeature
+from brokerkit._message import BrowsedMessage, Outgoing, PublishResult, QueueStats
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
 from brokerkit._validate import check_consumer_args, check_int, check_name, check_outgoing
@@ -271,6 +271,51 @@ class Broker:
             )
         backend = await self._opened_backend()
         await backend.delete_queue(queue)
+
+    async def browse(
+        self, queue: str, *, dead_letters: bool = False, limit: int = 100
+    ) -> AsyncIterator[BrowsedMessage]:
+        """The oldest ``limit`` messages of ``queue`` (or its DLQ), oldest first, read without
+        any side effect: nothing is leased, no attempt counted, no order changed.
+
+        ``async for msg in broker.browse("orders", dead_letters=True): ...``. Raises
+        UnsupportedFeature where the broker cannot read without side effects
+        (``capabilities.browse`` is False): it never degrades to a destructive read.
+        """
+        check_name("queue", queue)
+        check_int("limit", limit, minimum=0)
+        if not self.capabilities.browse:
+            raise UnsupportedFeature(
+                f"{self.url.scheme}:// cannot browse without side effects (see its docs)"
+            )
+        backend = await self._opened_backend()
+        ref = QueueRef(queue).dlq if dead_letters else QueueRef(queue)
+        for delivery in await backend.browse(ref, limit):
+            headers, info = (
+                split_envelope(delivery.headers) if dead_letters else (delivery.headers, None)
+            )
+            yield BrowsedMessage(
+                id=delivery.id,
+                body=delivery.body,
+                headers=headers,
+                fifo_group=info.fifo_group if info else delivery.fifo_group,
+                dedup_id=info.dedup_id if info else delivery.dedup_id,
+                dead_letter_info=info,
+            )
+
+    async def stats(self, queue: str, group: str = DEFAULT_GROUP) -> QueueStats:
+        """What the broker can tell about ``queue`` for consumer ``group``: ready, in flight,
+        delayed, dead (the DLQ's depth), the oldest message's age; None where it cannot."""
+        check_name("queue", queue)
+        check_name("consumer group", group)
+        backend = await self._opened_backend()
+        ref = QueueRef(queue)
+        main = await backend.stats(ref, group)
+        dlq = await backend.stats(ref.dlq, None)
+        dead = (
+            dlq.ready if dlq.ready is None or dlq.in_flight is None else dlq.ready + dlq.in_flight
+        )
+        return QueueStats(main.ready, main.in_flight, main.delayed, dead, main.oldest_age)
 
     async def redrive(self, queue: str, limit: int | None = None) -> int:
         """Move dead messages back to ``queue``, oldest first, keeping fifo_group order.

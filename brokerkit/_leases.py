@@ -182,6 +182,18 @@ class LeaseBook(Generic[K]):
         item.deadline = deadline
         heapq.heappush(self._leases, (deadline, token, key))
 
+    def counts(self, now: float) -> tuple[int, int, int]:
+        """``(ready, leased, delayed)``: due now (or waiting behind its group's head), under
+        a live lease, or nacked with a delay not yet over. Costs one pass over the items."""
+        due_later = {key for due, _, key in self._ready if due > now}
+        leased = delayed = 0
+        for key, item in self._items.items():
+            if item.token and item.deadline >= now:
+                leased += 1
+            elif not item.token and key in due_later:
+                delayed += 1
+        return len(self._items) - leased - delayed, leased, delayed
+
     def next_wake(self) -> float | None:
         """The earliest time something becomes due (a ready item or a lease's end)."""
         times = [h[0][0] for h in (self._ready, self._leases) if h]

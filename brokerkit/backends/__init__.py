@@ -35,7 +35,7 @@ from brokerkit._errors import (
 )
 from brokerkit._fifo import GroupGate
 from brokerkit._leases import LeaseBook, Leased
-from brokerkit._message import Outgoing, PublishResult, publish_results
+from brokerkit._message import Outgoing, PublishResult, QueueStats, publish_results
 from brokerkit._options import Options, parse_options
 from brokerkit._retry import retry_unavailable
 from brokerkit._url import BrokerURL, HostPort
@@ -78,6 +78,7 @@ __all__ = [
     "PublishCopy",
     "PublishResult",
     "QueueRef",
+    "QueueStats",
     "Receiver",
     "ReceiverSettings",
     "ResourceClosed",

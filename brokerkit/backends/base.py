@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
 from brokerkit._errors import UnsupportedFeature
-from brokerkit._message import Outgoing, PublishResult
+from brokerkit._message import Outgoing, PublishResult, QueueStats
 from brokerkit._url import BrokerURL
 
 __all__ = [
@@ -103,6 +103,9 @@ class Capabilities:
     """How late after its due time a redelivery or lease expiry may be noticed."""
     ack_flush_interval: float = 0.0
     """Longest time an ``ack()`` may be coalesced before the broker records it (≤ 0.1 s)."""
+    browse: bool = False
+    """True when ``Backend.browse`` reads without side effects (no lease, no attempt
+    counted, no order or broker state changed)."""
     extras: Mapping[str, Any] = field(default_factory=dict)
     """Broker-specific read-outs, documented by the backend."""
 
@@ -259,6 +262,20 @@ class Backend(ABC):
         services then run with publish/consume rights only. The default does nothing,
         for backends that create everything on first use anyway.
         """
+
+    async def browse(self, queue: QueueRef, limit: int) -> list[Delivery[None]]:
+        """Up to ``limit`` of the oldest messages still in ``queue`` (or its DLQ), oldest
+        first, read without any side effect: no lease, no attempt counted, nothing moved.
+
+        ``attempt`` is 0 where the backend does not know a count without a delivery.
+        Only where ``capabilities.browse`` is True; the default refuses.
+        """
+        raise UnsupportedFeature(f"{type(self).__name__} cannot browse without side effects")
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        """What the broker can tell about ``queue`` (or its DLQ) for ``group``; the facade
+        fills ``dead`` from the DLQ's own figures. The default knows nothing."""
+        return QueueStats()
 
     async def delete_queue(self, queue: str) -> None:
         """Delete ``queue`` and its DLQ on the broker: messages, consumer-group state, all.

@@ -45,6 +45,7 @@ from brokerkit.backends import (
     PublishCopy,
     PublishResult,
     QueueRef,
+    QueueStats,
     Receiver,
     ReceiverSettings,
     parse_options,
@@ -62,6 +63,7 @@ class MemoryOptions(Options):
 @dataclass(slots=True)
 class _Entry:
     seq: int
+    born: float
     id: str
     body: bytes
     headers: Mapping[str, str]
@@ -148,7 +150,9 @@ class _Hub:
     def new_entry(self, msg: Outgoing) -> _Entry:
         seq = next(self._seq)
         headers = MappingProxyType(dict(msg.headers))  # handed out read-only, never copied
-        return _Entry(seq, str(seq), msg.body, headers, msg.fifo_group, msg.dedup_id)
+        return _Entry(
+            seq, time.monotonic(), str(seq), msg.body, headers, msg.fifo_group, msg.dedup_id
+        )
 
     def wake(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -190,6 +194,7 @@ class MemoryBackend(Backend):
             dedup_window_configurable=True,
             fan_out=True,
             redelivery_slack=0.05,
+            browse=True,
         )
         self._hub = _Hub.named(name)
 
@@ -220,6 +225,24 @@ class MemoryBackend(Backend):
         q = self._hub.queue(queue.name, self.options.dedup_window)
         if group is not None:
             q.log(queue).group(group)
+
+    async def browse(self, queue: QueueRef, limit: int) -> list[Delivery[None]]:
+        log = self._hub.queue(queue.name, self.options.dedup_window).log(queue)
+        entries = sorted(log.entries.values(), key=lambda e: e.seq)[:limit]
+        return [
+            Delivery(e.id, e.body, e.headers, e.fifo_group, e.dedup_id, 0, None) for e in entries
+        ]
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        log = self._hub.queue(queue.name, self.options.dedup_window).log(queue)
+        now = time.monotonic()
+        oldest = min((e.born for e in log.entries.values()), default=None)
+        age = None if oldest is None else now - oldest
+        view = log.groups.get(group) if group is not None else None
+        if view is None:  # no such group (yet): everything retained is ready for it
+            return QueueStats(len(log.entries), 0, 0, None, age)
+        ready, leased, delayed = view.book.counts(now)
+        return QueueStats(ready, leased, delayed, None, age)
 
     async def delete_queue(self, queue: str) -> None:
         """Forget the queue (its log, DLQ, groups, dedup memory); the next use starts anew."""

@@ -25,10 +25,11 @@ def test_public_api_is_pinned() -> None:
     assert brokerkit.__all__ == sorted(brokerkit.__all__, key=str)
     assert set(brokerkit.__all__) == {
         "AlreadySettled", "App", "Broker", "BrokerRefused", "BrokerURL", "BrokerUnavailable",
-        "BrokerkitError", "Capabilities", "Codec", "ConfigError", "Consumer", "DeadLetterInfo",
-        "InvalidArgument", "InvalidMessage", "InvalidName", "JsonCodec", "LeaseExpired",
-        "Message", "MessageTooLarge", "Middleware", "Outcome", "Outgoing", "PublishResult",
-        "Reject", "ResourceClosed", "RetryPolicy", "Route", "UnsupportedFeature", "__version__",
+        "BrokerkitError", "BrowsedMessage", "Capabilities", "Codec", "ConfigError", "Consumer",
+        "DeadLetterInfo", "InvalidArgument", "InvalidMessage", "InvalidName", "JsonCodec",
+        "LeaseExpired", "Message", "MessageTooLarge", "Middleware", "Outcome", "Outgoing",
+        "PublishResult", "QueueStats", "Reject", "ResourceClosed", "RetryPolicy", "Route",
+        "UnsupportedFeature", "__version__",
         "connect", "from_backend",
     }  # fmt: skip
 

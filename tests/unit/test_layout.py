@@ -25,7 +25,13 @@ import brokerkit
 ROOT = Path(brokerkit.__file__).parent
 MAX_LINES = 500
 
-TOOLS = {"brokerkit._cli", "brokerkit._check", "brokerkit._demo", "brokerkit._bench"}
+TOOLS = {
+    "brokerkit._cli",
+    "brokerkit._check",
+    "brokerkit._demo",
+    "brokerkit._bench",
+    "brokerkit._ops_cli",
+}
 SERVICE = {"brokerkit"} | {
     f"brokerkit.{m}"
     for m in ("_app", "_worker", "_runner", "_policy", "_middleware", "metrics", "tracing",

@@ -29,7 +29,7 @@ def test_toolkit_is_pinned() -> None:
         "Backend", "BrokerRefused", "BrokerURL", "BrokerUnavailable", "Capabilities",
         "ConfigError", "DedupWindow", "Delivery", "ErrorMap", "GroupGate", "HostPort",
         "LeaseBook", "LeaseExpired", "Leased", "MessageTooLarge", "Options", "Outgoing",
-        "PublishCopy", "PublishResult", "QueueRef", "Receiver", "ReceiverSettings",
+        "PublishCopy", "PublishResult", "QueueRef", "QueueStats", "Receiver", "ReceiverSettings",
         "ResourceClosed", "UnsupportedFeature", "parse_options", "publish_results",
         "retry_unavailable",
     }  # fmt: skip

@@ -264,16 +264,17 @@ class App:
         """
         if url is not None:
             self.url = url
-        stop_metrics: Callable[[], None] | None = None
+        server = None
         if metrics_port is not None:
             from brokerkit.metrics import serve_metrics
 
-            stop_metrics = serve_metrics(self, metrics_port)
+            server = serve_metrics(self, metrics_port)
+            log.info("metrics on port %d (/metrics)", server.port)
         try:
             return run_service(_Bound(self), drain_timeout=drain_timeout)
         finally:
-            if stop_metrics is not None:
-                stop_metrics()
+            if server is not None:
+                server.stop()
 
 
 class _Bound:

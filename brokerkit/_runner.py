@@ -59,7 +59,11 @@ async def _main(service: Service, drain_timeout: float) -> int:
         if in_main_thread:
             for sig in signals:
                 loop.remove_signal_handler(sig)
-    return EXIT_OK if unfinished == 0 else EXIT_UNDRAINED
+    if unfinished:
+        log.warning("stopped; %d unfinished message(s) given back", unfinished)
+        return EXIT_UNDRAINED
+    log.info("stopped; every in-flight handler finished")
+    return EXIT_OK
 
 
 def _on_signal(service: Service, sig: signal.Signals) -> None:

@@ -15,7 +15,6 @@ per queue: ``brokerkit_published_total``. Each PrometheusMetrics has its own reg
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerkit._errors import ConfigError
@@ -32,7 +31,7 @@ except ModuleNotFoundError:  # pragma: no cover - depends on the environment
 if TYPE_CHECKING:
     from brokerkit._consumer import Message
 
-__all__ = ["PrometheusMetrics", "serve_metrics"]
+__all__ = ["MetricsServer", "PrometheusMetrics", "serve_metrics"]
 
 _LABELS = ("queue", "group")
 
@@ -105,20 +104,29 @@ class _WithMiddleware(Protocol):
     middleware: list[Middleware]
 
 
-def serve_metrics(app: _WithMiddleware, port: int, addr: str = "0.0.0.0") -> Callable[[], None]:
-    """Serve ``app``'s metrics on ``addr:port`` (``/metrics``); returns a stop function.
+class MetricsServer:
+    """The ``/metrics`` endpoint serving one registry, in a thread of its own."""
 
-    Adds a PrometheusMetrics middleware (outermost) unless the App has one.
+    def __init__(self, registry: prometheus_client.CollectorRegistry, port: int, addr: str):
+        self._server, self._thread = prometheus_client.start_http_server(
+            port, addr, registry=registry
+        )
+        self.port: int = self._server.server_port
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+
+
+def serve_metrics(app: _WithMiddleware, port: int, addr: str = "0.0.0.0") -> MetricsServer:
+    """Serve ``app``'s metrics on ``addr:port`` (``/metrics``; port 0 picks a free one).
+
+    Adds a PrometheusMetrics middleware (outermost) unless the App has one; call it
+    before the App starts.
     """
     metrics = next((m for m in app.middleware if isinstance(m, PrometheusMetrics)), None)
     if metrics is None:
         metrics = PrometheusMetrics()
         app.middleware.insert(0, metrics)
-    server, thread = prometheus_client.start_http_server(port, addr, registry=metrics.registry)
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join(5.0)
-
-    return stop
+    return MetricsServer(metrics.registry, port, addr)

@@ -31,6 +31,7 @@ TOOLS = {
     "brokerkit._demo",
     "brokerkit._bench",
     "brokerkit._ops_cli",
+    "brokerkit._run_cli",
 }
 SERVICE = {"brokerkit"} | {
     f"brokerkit.{m}"

@@ -39,6 +39,7 @@ from brokerkit._message import (
 )
 from brokerkit._middleware import Middleware, Outcome, Route
 from brokerkit._policy import Reject, RetryPolicy
+from brokerkit._sync import SyncBroker
 from brokerkit._url import BrokerURL
 from brokerkit.backends.base import Capabilities
 
@@ -74,6 +75,7 @@ __all__ = [
     "ResourceClosed",
     "RetryPolicy",
     "Route",
+    "SyncBroker",
     "UnsupportedFeature",
     "__version__",
     "connect",

@@ -84,9 +84,7 @@ async def assert_dead_lettered(
         try:
             msg = await asyncio.wait_for(dead.__anext__(), timeout)
         except TimeoutError:
-            raise AssertionError(
-                f"nothing dead-lettered from {queue!r} in {timeout:.1f}s"
-            ) from None
+            raise AssertionError(f"no dead letter of {queue!r} within {timeout:.1f}s") from None
         await msg.ack()
     info = msg.dead_letter_info
     assert info is not None

@@ -1,0 +1,68 @@
+"""``brokerkit run``: finding the App, the URL's precedence, and the exit status on failure."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import brokerkit
+from brokerkit._cli import main
+from brokerkit._run_cli import load_app
+
+
+@pytest.fixture
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    name = f"svc_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(
+        textwrap.dedent(
+            """
+            import brokerkit
+            app = brokerkit.App("nope://nowhere")
+            other = 42
+
+            @app.handler("q")
+            async def work(body: bytes) -> None:
+                pass
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def test_load_app_finds_module_attribute_and_defaults_to_app(module: str) -> None:
+    assert isinstance(load_app(f"{module}:app"), brokerkit.App)
+    assert load_app(module) is load_app(f"{module}:app")
+    with pytest.raises(click.BadParameter, match=r"not a brokerkit\.App"):
+        load_app(f"{module}:other")
+    with pytest.raises(click.BadParameter, match="no module named"):
+        load_app("no_such_module_here:app")
+
+
+def test_a_start_failure_exits_1_naming_the_cause(module: str) -> None:
+    result = CliRunner().invoke(main, ["run", f"{module}:app"], catch_exceptions=False)
+    assert result.exit_code == 1  # ConfigError: unknown scheme 'nope'
+
+
+def test_url_option_and_env_override_the_apps_own(
+    module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str | None] = []
+
+    def fake_run(self: brokerkit.App, url: str | None = None, **kw: object) -> int:
+        seen.append(url)
+        return 0
+
+    monkeypatch.setattr(brokerkit.App, "run", fake_run)
+    runner = CliRunner()
+    assert runner.invoke(main, ["run", module, "--url", "memory://a"]).exit_code == 0
+    assert runner.invoke(main, ["run", module], env={"BROKERKIT_URL": "memory://b"}).exit_code == 0
+    assert runner.invoke(main, ["run", module], env={"BROKERKIT_URL": None}).exit_code == 0
+    assert seen == ["memory://a", "memory://b", None]  # None: App(url) stays

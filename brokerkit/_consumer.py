@@ -290,7 +290,7 @@ class Consumer:
         async with self._open_lock:
             if self._receiver is None:
                 backend = await self._link.opened_backend()
-                settings = ReceiverSettings(ack_timeout=self.ack_timeout)
+                settings = ReceiverSettings(self.ack_timeout, self.prefetch + self.max_in_flight)
                 self._receiver = await backend.subscribe(self.ref, self.group, settings)
                 self._backend = backend
 

@@ -26,16 +26,24 @@ async def _backlog(broker: brokerkit.Broker, queue: str) -> list[bytes]:
     return bodies
 
 
-async def _task_per_message(consumer: brokerkit.Consumer, count: int) -> tuple[list[bytes], int]:
+async def _task_per_message(
+    consumer: brokerkit.Consumer, count: int, bound: int
+) -> tuple[list[bytes], int]:
     """Spawn one handler task per message, as a naive service does; the highest number of
-    messages handed out and not yet settled, seen at each hand-out, and the bodies."""
+    messages handed out and not yet settled, seen at each hand-out, and the bodies.
+
+    The handlers hold their messages until ``bound`` are unsettled at once (so the bound is
+    reached on a broker that delivers slower than handlers finish, too), then settle in
+    random order and time."""
     unsettled = peak = 0
     bodies: list[bytes] = []
     tasks: set[asyncio.Task[None]] = set()
     rng = random.Random(17)
+    full = asyncio.Event()
 
     async def handle(msg: brokerkit.Message) -> None:
         nonlocal unsettled
+        await full.wait()
         await asyncio.sleep(rng.random() * 0.004)  # out-of-order completion
         await msg.ack()
         unsettled -= 1  # ack returned: no other task has run since the consumer saw it
@@ -45,6 +53,8 @@ async def _task_per_message(consumer: brokerkit.Consumer, count: int) -> tuple[l
         async for msg in consumer:
             unsettled += 1
             peak = max(peak, unsettled)
+            if unsettled >= bound:
+                full.set()
             bodies.append(msg.body)
             task = asyncio.ensure_future(handle(msg))
             tasks.add(task)
@@ -63,7 +73,7 @@ async def test_ack_max_in_flight_bounds_unsettled_messages_over_a_backlog(
 ) -> None:
     bodies = await _backlog(broker, queue)
     async with broker.consumer(queue, group, prefetch=32, max_in_flight=20) as consumer:
-        got, peak = await _task_per_message(consumer, BACKLOG)
+        got, peak = await _task_per_message(consumer, BACKLOG, 20)
     assert peak <= 20, f"{peak} unsettled messages with max_in_flight=20"
     assert peak == 20, f"the bound was never reached (peak {peak}): the test proved nothing"
     assert sorted(got) == bodies  # each exactly once
@@ -75,8 +85,9 @@ async def test_ack_default_in_flight_bound_is_max_of_prefetch_and_100(
 ) -> None:
     bodies = await _backlog(broker, queue)
     async with broker.consumer(queue, group, prefetch=32) as consumer:
-        got, peak = await _task_per_message(consumer, BACKLOG)
+        got, peak = await _task_per_message(consumer, BACKLOG, 100)
     assert peak <= 100, f"{peak} unsettled messages with the default bound"
+    assert peak == 100, f"the bound was never reached (peak {peak}): the test proved nothing"
     assert sorted(got) == bodies
 
 

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 import brokerkit
 from brokerkit._cli import main
 from brokerkit._run_cli import load_app
+from brokerkit._runner import EXIT_FAILED, EXIT_OK, EXIT_UNDRAINED, run_service
 
 
 @pytest.fixture
@@ -66,3 +67,24 @@ def test_url_option_and_env_override_the_apps_own(
     assert runner.invoke(main, ["run", module], env={"BROKERKIT_URL": "memory://b"}).exit_code == 0
     assert runner.invoke(main, ["run", module], env={"BROKERKIT_URL": None}).exit_code == 0
     assert seen == ["memory://a", "memory://b", None]  # None: App(url) stays
+
+
+class _Stub:
+    def __init__(self, result: int | Exception) -> None:
+        self.result = result
+        self.stops = 0
+
+    async def serve(self, *, drain_timeout: float) -> int:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+    def request_stop(self) -> None:
+        self.stops += 1
+
+
+def test_exit_status_says_drained_failed_or_given_back() -> None:
+    assert run_service(_Stub(0), drain_timeout=1.0) == EXIT_OK == 0
+    assert run_service(_Stub(2), drain_timeout=1.0) == EXIT_UNDRAINED == 3
+    failed = _Stub(brokerkit.BrokerUnavailable("127.0.0.1:1 refused"))
+    assert run_service(failed, drain_timeout=1.0) == EXIT_FAILED == 1

@@ -50,19 +50,23 @@ __all__ = ["URL_ENV", "App"]
 class App:
     """Handlers and publishing over one broker connection (see the module docstring).
 
-    ``url`` may be left out and given to ``start``/``run`` or in ``BROKERKIT_URL``.
+    ``url`` may be left out and given to ``start``/``run`` or in ``BROKERKIT_URL``; it may
+    also be a Broker of your own (``brokerkit.from_backend(...)``), which the App opens
+    but leaves for you to close.
     ``codec`` encodes published payloads and decodes received ones (JSON by default);
     ``middleware`` wraps handling and publishing, the first one outermost.
     """
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Broker | None = None,
         *,
         codec: Codec = JSON,
         middleware: Sequence[Middleware] = (),
     ) -> None:
-        self.url = url
+        # a Broker: the user's own (``brokerkit.from_backend(...)``), opened but not closed here
+        self._given = url if isinstance(url, Broker) else None
+        self.url = None if isinstance(url, Broker) else url
         self.codec = codec
         self.middleware: list[Middleware] = list(middleware)
         self._specs: list[HandlerSpec] = []
@@ -134,9 +138,12 @@ class App:
         """Connect (for publishing; ``start`` also runs the handlers). Idempotent."""
         if self._broker is None:
             target = url or self.url or os.environ.get(URL_ENV)
-            if not target:
+            if self._given is not None and url is None:
+                broker = self._given
+            elif not target:
                 raise ConfigError(f"no broker URL: App(url), --url or {URL_ENV}")
-            broker = connect(target)
+            else:
+                broker = connect(target)
             await broker.open()
             self._broker = broker
             publish: Publish = self._send
@@ -229,7 +236,7 @@ class App:
             await self.stop(0.0)
         broker, self._broker, self._publish = self._broker, None, None
         self._started, self._stop_requests = False, 0  # it may be started again
-        if broker is not None:
+        if broker is not None and broker is not self._given:
             await broker.aclose()
 
     async def __aenter__(self) -> App:

@@ -24,13 +24,14 @@ import pydantic
 from brokerkit._broker import Broker
 from brokerkit._codec import CONTENT_TYPE_HEADER, Codec, describe_invalid
 from brokerkit._consumer import Consumer, Message
-from brokerkit._errors import AlreadySettled, BrokerkitError, LeaseExpired
+from brokerkit._errors import AlreadySettled, BrokerkitError, LeaseExpired, ResourceClosed
 from brokerkit._middleware import Handle, Middleware, Outcome, Route
 from brokerkit._policy import Reject, RetryPolicy
 
 log = logging.getLogger(__name__)
 
 _now = time.monotonic  # the consumer's lease clock
+_MAX_PAUSE = 30.0  # longest wait before receiving again after a failure
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,20 @@ class RouteWorker:
     async def _work(self, consumer: Consumer) -> None:
         active, handle = self._active, self._handle
         me = asyncio.current_task()
+        failures = 0
         while not self._stopping:
             try:
                 msg = await consumer.__anext__()
-            except StopAsyncIteration:
+            except (StopAsyncIteration, ResourceClosed):
                 return
+            except Exception as exc:  # BrokerUnavailable after the backend's own retry, ...
+                failures += 1
+                pause = min(_MAX_PAUSE, 0.25 * 2 ** min(failures, 8))
+                log.error("receiving from %s/%s failed (%s); again in %.1fs", self.spec.queue,
+                          self.spec.group, _describe(exc), pause)  # fmt: skip
+                await asyncio.sleep(pause)
+                continue
+            failures = 0
             active[msg] = me
             try:
                 await handle(msg)

@@ -15,6 +15,7 @@ import pydantic
 import pytest
 
 import brokerkit
+import brokerkit.backends
 from brokerkit.testing import assert_dead_lettered, memory_url, run_until_idle, take_one
 
 
@@ -314,3 +315,54 @@ async def test_start_without_handlers_or_url_fails_clearly(monkeypatch: Any) -> 
 
     with pytest.raises(brokerkit.ConfigError, match="BROKERKIT_URL"):
         await app.start()
+
+
+class _Flaky(brokerkit.backends.Receiver[Any]):
+    """A memory:// receiver whose first receives fail as a broker outage would."""
+
+    def __init__(self, inner: brokerkit.backends.Receiver[Any], failures: int) -> None:
+        self.inner, self.failures = inner, failures
+
+    async def receive(self, max_messages: int, wait: float) -> list[Any]:
+        if self.failures:
+            self.failures -= 1
+            raise brokerkit.BrokerUnavailable("127.0.0.1:1: connection refused")
+        return await self.inner.receive(max_messages, wait)
+
+    async def ack(self, delivery: Any) -> None:
+        await self.inner.ack(delivery)
+
+    async def nack(self, delivery: Any, delay: float) -> None:
+        await self.inner.nack(delivery, delay)
+
+    async def extend(self, delivery: Any, ack_timeout: float) -> None:
+        await self.inner.extend(delivery, ack_timeout)
+
+    async def release(self, deliveries: Any) -> None:
+        await self.inner.release(deliveries)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_workers_survive_a_failing_receive_and_a_broker_of_ones_own() -> None:
+    from brokerkit.backends.memory import MemoryBackend
+
+    url, got = memory_url(), []
+
+    class FlakyBackend(MemoryBackend):
+        async def subscribe(self, queue: Any, group: str, settings: Any) -> Any:
+            return _Flaky(await super().subscribe(queue, group, settings), failures=2)
+
+    broker = brokerkit.from_backend(FlakyBackend.from_url(brokerkit.BrokerURL.parse(url)))
+    app = brokerkit.App(broker)
+
+    @app.handler("f", concurrency=1)
+    async def work(body: bytes) -> None:
+        got.append(body)
+
+    await _publish(url, "f", b"after the outage")
+    await run_until_idle(app, idle=2.0, timeout=20)  # the retries wait 0.5 s, then 1 s
+    assert got == [b"after the outage"]  # the worker waited and received again
+    await broker.publish("f", b"still open")  # the App left the user's broker open
+    await broker.aclose()

@@ -40,13 +40,18 @@ async def _task_per_message(
     tasks: set[asyncio.Task[None]] = set()
     rng = random.Random(17)
     full = asyncio.Event()
+    errors: list[Exception] = []
 
     async def handle(msg: brokerkit.Message) -> None:
         nonlocal unsettled
         await full.wait()
         await asyncio.sleep(rng.random() * 0.004)  # out-of-order completion
-        await msg.ack()
-        unsettled -= 1  # ack returned: no other task has run since the consumer saw it
+        try:
+            await msg.ack()
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            unsettled -= 1  # settled (or lost): no other task has run since the consumer saw it
 
     async def run() -> None:
         nonlocal unsettled, peak
@@ -64,6 +69,7 @@ async def _task_per_message(
         await asyncio.gather(*tasks)
 
     await asyncio.wait_for(run(), WAIT * 6)
+    assert not errors, f"{len(errors)} acks failed, the first: {errors[0]!r}"
     return bodies, peak
 
 

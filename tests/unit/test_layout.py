@@ -32,6 +32,8 @@ TOOLS = {
     "brokerkit._bench",
     "brokerkit._ops_cli",
     "brokerkit._run_cli",
+    "brokerkit._guard",
+    "brokerkit.__main__",
 }
 SERVICE = {"brokerkit"} | {
     f"brokerkit.{m}"

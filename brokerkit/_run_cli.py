@@ -10,8 +10,12 @@ import sys
 import click
 
 from brokerkit._app import App
+from brokerkit._guard import guarded
+from brokerkit._redact import RedactingFormatter
 
 __all__ = ["load_app", "run"]
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def load_app(target: str) -> App:
@@ -40,18 +44,22 @@ def load_app(target: str) -> App:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve /metrics here.")
 @click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
               help="Seconds in-flight handlers get to finish after SIGTERM/SIGINT.")  # fmt: skip
-@click.option("--log-level", default="INFO", show_default=True, help="Root log level.")
-def run(
-    target: str, url: str | None, metrics_port: int | None, drain_timeout: float, log_level: str
-) -> None:
+def run(target: str, url: str | None, metrics_port: int | None, drain_timeout: float) -> None:
     """Run the App TARGET (module:attribute) until SIGTERM or SIGINT, then drain.
 
-    Exit status: 0 stopped and drained, 1 failed (e.g. broker unavailable), 3 stopped
-    with messages given back unfinished (redelivered later, never acked).
+    The URL: --url, else BROKERKIT_URL, else the App's own. Logs at INFO to stderr,
+    redacted (``brokerkit --log-level LEVEL run ...`` for another level). Exit status: 0
+    stopped and drained, 1 failed (e.g. broker unavailable), 3 stopped with messages
+    given back unfinished (redelivered later, never acked).
     """
     app = load_app(target)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-    sys.exit(app.run(url, metrics_port=metrics_port, drain_timeout=drain_timeout))
+    root = logging.getLogger()
+    if not root.handlers:  # else `brokerkit --log-level ...` (or the user) configured it
+        handler = logging.StreamHandler()
+        handler.setFormatter(RedactingFormatter(_FORMAT))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+    shown = url or (app.url if isinstance(app.url, str) else "") or ""
+    sys.exit(
+        guarded(shown, lambda: app.run(url, metrics_port=metrics_port, drain_timeout=drain_timeout))
+    )

@@ -88,3 +88,13 @@ def test_exit_status_says_drained_failed_or_given_back() -> None:
     assert run_service(_Stub(2), drain_timeout=1.0) == EXIT_UNDRAINED == 3
     failed = _Stub(brokerkit.BrokerUnavailable("127.0.0.1:1 refused"))
     assert run_service(failed, drain_timeout=1.0) == EXIT_FAILED == 1
+
+
+def test_a_failing_run_prints_no_credential(module: str, caplog: pytest.LogCaptureFixture) -> None:
+    secret = "pw-run-7f3a9c"
+    url = f"nope://user:{secret}@127.0.0.1:1"
+    with caplog.at_level("DEBUG"):
+        result = CliRunner().invoke(main, ["run", module, "--url", url])
+    assert result.exit_code == 1
+    assert "the service failed: ConfigError" in caplog.text  # it did fail on the URL
+    assert secret not in result.output and secret not in caplog.text

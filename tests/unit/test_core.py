@@ -29,8 +29,7 @@ def test_public_api_is_pinned() -> None:
         "DeadLetterInfo", "InvalidArgument", "InvalidMessage", "InvalidName", "JsonCodec",
         "LeaseExpired", "Message", "MessageTooLarge", "Middleware", "Outcome", "Outgoing",
         "PublishResult", "QueueStats", "Reject", "ResourceClosed", "RetryPolicy", "Route",
-        "SyncBroker",
-        "UnsupportedFeature", "__version__",
+        "SyncBroker", "UnsupportedFeature", "__version__",
         "connect", "from_backend",
     }  # fmt: skip
 

@@ -218,11 +218,11 @@ class _DeadLetterMessage(Message):
 class Consumer:
     """Reads one queue (or its DLQ) for one consumer group; an async iterator of Messages.
 
-    The iterator keeps yielding while earlier messages are unsettled, so
-    messages may be handled concurrently; it reads ahead (see ``Broker.consumer``'s
-    ``prefetch``). Cancelling a pending ``__anext__``
-    loses nothing. ``aclose`` stops fetching, waits up to ``close_timeout`` for
-    held messages to be settled, then gives every unsettled one back.
+    The iterator keeps yielding while earlier messages are unsettled, up to
+    ``max_in_flight`` of them, so messages may be handled concurrently; it reads ahead
+    (see ``Broker.consumer``'s ``prefetch``). Cancelling a pending ``__anext__`` loses
+    nothing. ``aclose`` stops fetching, waits up to ``close_timeout`` for held messages
+    to be settled, then gives every unsettled one back.
     """
 
     def __init__(
@@ -235,6 +235,7 @@ class Consumer:
         ack_timeout: float,
         prefetch: int,
         close_timeout: float,
+        max_in_flight: int,
     ) -> None:
         self._link = link
         self.ref = queue
@@ -245,6 +246,7 @@ class Consumer:
         self.ack_timeout = ack_timeout
         self.prefetch = prefetch
         self.close_timeout = close_timeout
+        self.max_in_flight = max_in_flight
         dead_letters = self.dead_letters = queue.dead_letters
         self._backend: Backend | None = None
         self._receiver: Receiver[Any] | None = None
@@ -260,6 +262,8 @@ class Consumer:
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
         self._held: set[Message] = set()  # handed out, not yet settled
+        self._slot: asyncio.Future[None] | None = None  # made while the iterator waits for one
+        self._next_sweep = 0.0
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
         self._fetch: asyncio.Task[list[Delivery[Any]]] | None = None
         self._closing = False
@@ -286,7 +290,7 @@ class Consumer:
         async with self._open_lock:
             if self._receiver is None:
                 backend = await self._link.opened_backend()
-                settings = ReceiverSettings(ack_timeout=self.ack_timeout)
+                settings = ReceiverSettings(self.ack_timeout, self.prefetch + self.max_in_flight)
                 self._receiver = await backend.subscribe(self.ref, self.group, settings)
                 self._backend = backend
 
@@ -303,6 +307,11 @@ class Consumer:
         while True:
             # state is re-read after every await: close (or another iterating task) may
             # have moved it meanwhile
+            if len(self._held) >= self.max_in_flight:
+                await self._wait_for_slot()
+                if self._closing:
+                    raise StopAsyncIteration
+                continue
             pos = self._batch_pos
             batch = self._batch
             if pos < len(batch):
@@ -380,8 +389,28 @@ class Consumer:
     def settled(self, message: Message) -> None:
         """A held message was settled (or its lease lost): it is no longer held."""
         self._held.discard(message)
+        if self._slot is not None:
+            self._wake_slot()
         if self._drained is not None and not self._held:
             self._drained.set()
+
+    async def _wait_for_slot(self) -> None:
+        """Wait while ``max_in_flight`` handed-out messages are unsettled, or until close."""
+        now = _now()
+        if now >= self._next_sweep:  # at most once a _POLL_WAIT: held ones whose lease ran
+            # out stop counting (redelivered anyway; a dropped message must not stall us)
+            self._next_sweep = now + _POLL_WAIT
+            self._held.difference_update([m for m in self._held if m._deadline < now])
+            if len(self._held) < self.max_in_flight:
+                return
+        if self._slot is None:
+            self._slot = asyncio.get_running_loop().create_future()
+        await asyncio.wait((self._slot,), timeout=_POLL_WAIT)  # never cancels the shared future
+
+    def _wake_slot(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:  # never done while it is self._slot: only this resolves it
+            slot.set_result(None)
 
     def _live_receiver(self) -> Receiver[Any]:
         if self._receiver is None:
@@ -420,6 +449,7 @@ class Consumer:
             await asyncio.shield(self._closed)
             return
         self._closing = True
+        self._wake_slot()
         self._closed = asyncio.get_running_loop().create_future()
         try:
             await self._shutdown()
@@ -467,18 +497,4 @@ class Consumer:
             await receiver.aclose()
 
 
-def check_consumer_args(
-    max_attempts: object, ack_timeout: object, prefetch: object, close_timeout: object
-) -> tuple[int, float, int, float]:
-    """Validate consumer arguments before any I/O."""
-    from brokerkit._validate import check_int
-
-    attempts = check_int("max_attempts", max_attempts, minimum=1)
-    timeout = check_seconds("ack_timeout", ack_timeout, positive=True)
-    fetch = check_int("prefetch", prefetch, minimum=1)
-    close = check_seconds("close_timeout", close_timeout)
-    assert timeout is not None and close is not None
-    return attempts, timeout, fetch, close
-
-
-__all__ = ["Consumer", "ConsumerLink", "Message", "check_consumer_args"]
+__all__ = ["Consumer", "ConsumerLink", "Message"]

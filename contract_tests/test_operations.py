@@ -50,6 +50,7 @@ async def test_browse_changes_nothing_and_shows_dead_letters_with_their_info(
         result = await broker.publish(queue, body, fifo_group=fifo, dedup_id=dedup, headers=headers)
         ids.append(result.id)
         await asyncio.sleep(APART)
+    await broker.publish(queue, b"again", dedup_id="dedup-1")  # suppressed: never shown
     if not broker.capabilities.browse:
         with pytest.raises(brokerkit.UnsupportedFeature):
             await _browse(broker, queue)
@@ -64,7 +65,7 @@ async def test_browse_changes_nothing_and_shows_dead_letters_with_their_info(
 
     expected = [(i, b, h, f, d) for i, (b, f, d, h) in zip(ids, plan, strict=True)]
     first = _view(await _browse(broker, queue))
-    assert first == expected, "browse shows the queue oldest first, byte-exact"
+    assert first == expected, "browse shows the queue oldest first, byte-exact, no duplicate"
     assert _view(await _browse(broker, queue)) == first, "a second browse sees the same"
     assert _view(await _browse(broker, queue, limit=2)) == expected[:2]
     assert await _browse(broker, queue, limit=0) == []
@@ -118,12 +119,15 @@ class _Figures:
     def __init__(self) -> None:
         self.known: dict[str, bool] = {}
 
-    def matches(self, stats: brokerkit.QueueStats, **want: int) -> bool:
-        for name, value in want.items():
+    def matches(self, stats: brokerkit.QueueStats, **want: int | range) -> bool:
+        for name in ("ready", "in_flight", "delayed", "dead"):
             got = getattr(stats, name)
             was = self.known.setdefault(name, got is not None)
             assert was == (got is not None), f"stats.{name} came and went: {stats}"
-            if got is not None and got != value:
+        for name, value in want.items():
+            got = getattr(stats, name)
+            ok = got in value if isinstance(value, range) else got == value
+            if got is not None and not ok:
                 return False
         if stats.oldest_age is not None:
             assert stats.oldest_age >= 0
@@ -136,11 +140,11 @@ async def test_stats_follow_publish_dead_letter_and_redrive(
     figures = _Figures()
     last: list[brokerkit.QueueStats] = []
 
-    async def shows(**want: int) -> bool:
+    async def shows(**want: int | range) -> bool:
         last[:] = [await broker.stats(queue, group)]
         return figures.matches(last[0], **want)
 
-    async def expect(what: str, **want: int) -> None:
+    async def expect(what: str, **want: int | range) -> None:
         try:
             await eventually(lambda: shows(**want), timeout=WAIT, what=what)
         except AssertionError as exc:
@@ -154,9 +158,10 @@ async def test_stats_follow_publish_dead_letter_and_redrive(
 
     async with broker.consumer(queue, group, prefetch=1) as consumer:
         held = await receive(consumer)
-        await expect("one leased", ready=2, in_flight=1, dead=0)
+        # a backend may lease more than the one handed out (a read-ahead of its own)
+        await expect("one leased", ready=range(3), in_flight=range(1, 4), dead=0)
         await held.dead_letter("poison")
-    await expect("one dead", ready=2, in_flight=0, dead=1)
+    await expect("one dead", ready=2, in_flight=0, delayed=0, dead=1)
 
     assert await broker.redrive(queue) == 1
-    await expect("redriven", ready=3, in_flight=0, dead=0)
+    await expect("redriven", ready=3, in_flight=0, delayed=0, dead=0)

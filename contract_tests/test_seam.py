@@ -1,0 +1,175 @@
+"""The lease check, layer by layer: the backend seam on its own, the facade on its own.
+
+Both the facade (``Message``) and each backend (``Receiver``) refuse to settle a lost
+lease; either check alone hides the other's absence from the public API. These tests
+take each layer alone: the backend through the seam a backend author implements
+(``brokerkit.backends.base``), and the facade over a backend that never checks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+import brokerkit
+from brokerkit.backends.base import Backend, Delivery, Receiver, ReceiverSettings
+from contract_tests._helpers import (
+    WAIT,
+    absence_window,
+    eventually,
+    nothing_within,
+    receive,
+    redelivery_deadline,
+)
+
+LEASE = 1.0
+
+
+async def _subscribe(backend: Backend, queue: str, group: str) -> Receiver:
+    settings = ReceiverSettings(ack_timeout=LEASE, max_attempts=10, prefetch=1)
+    return await backend.subscribe(queue, group, settings)
+
+
+async def _first(receivers: Sequence[Receiver], timeout: float) -> tuple[Receiver, Delivery]:
+    """The first delivery any of ``receivers`` leases (in the order given), and which one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for receiver in receivers:
+            got = await receiver.receive(1, 0.2 if receiver is receivers[0] else 0.0)
+            if got:
+                assert len(got) == 1
+                return receiver, got[0]
+    raise AssertionError(f"no delivery through the seam within {timeout:.1f}s")
+
+
+@pytest.mark.behaviour("lease expiry")
+async def test_seam_receiver_refuses_a_stale_settle_after_redelivery(
+    broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    """Receiver.ack of a lost lease raises LeaseExpired once the message was redelivered.
+
+    Two receivers of one group; the first one's lease runs out and the message goes
+    to one of them again. A stale ack of the first delivery must not settle the live
+    one (lease tokens must not repeat across receivers).
+    """
+    await broker.publish(queue, b"stale")
+    backend = broker.backend
+    first, second = await _subscribe(backend, queue, group), await _subscribe(backend, queue, group)
+    try:
+        # which receiver of a group gets a message is the broker's choice (a Kafka partition)
+        owner, stale = await _first((first, second), WAIT)
+        other = second if owner is first else first
+        holder, live = await _first((other, owner), redelivery_deadline(broker, LEASE))
+        assert (live.id, live.attempt) == (stale.id, 2)
+        with pytest.raises(brokerkit.LeaseExpired):
+            await owner.ack(stale)
+        await holder.ack(live)  # the stale ack settled nothing: the live lease still holds
+    finally:
+        await first.aclose()
+        await second.aclose()
+    async with broker.consumer(queue, group, ack_timeout=LEASE) as consumer:
+        again = await _nothing(consumer)
+        assert again is None, f"acked through the seam, delivered again: {again!r}"
+
+
+async def _nothing(consumer: brokerkit.Consumer) -> brokerkit.Message | None:
+    return await nothing_within(consumer, absence_window(consumer.broker, LEASE))
+
+
+class _LaxReceiver(Receiver):
+    """A receiver that never says LeaseExpired: the facade alone must notice."""
+
+    def __init__(self, inner: Receiver) -> None:
+        self.inner = inner
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+        return await self.inner.receive(max_messages, wait)
+
+    async def ack(self, delivery: Delivery) -> None:
+        try:
+            await self.inner.ack(delivery)
+        except brokerkit.LeaseExpired:
+            pass
+
+    async def nack(self, delivery: Delivery, delay: float) -> None:
+        try:
+            await self.inner.nack(delivery, delay)
+        except brokerkit.LeaseExpired:
+            pass
+
+    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+        try:
+            await self.inner.dead_letter(delivery, envelope)
+        except brokerkit.LeaseExpired:
+            pass
+
+    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+        try:
+            await self.inner.extend(delivery, ack_timeout)
+        except brokerkit.LeaseExpired:
+            pass
+
+    async def release(self, deliveries: Sequence[Delivery]) -> None:
+        await self.inner.release(deliveries)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _LaxBackend(Backend):
+    """The URL's own backend, with receivers that never check a lease."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.capabilities = inner.capabilities
+
+    @classmethod
+    def from_url(cls, url: brokerkit.BrokerURL) -> Backend:
+        raise NotImplementedError  # built around an existing backend only
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def publish(
+        self, queue: str, messages: Sequence[brokerkit.Outgoing]
+    ) -> list[brokerkit.PublishResult]:
+        return await self.inner.publish(queue, messages)
+
+    async def delete_queue(self, queue: str) -> None:
+        await self.inner.delete_queue(queue)
+
+    async def subscribe(
+        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
+    ) -> Receiver:
+        return _LaxReceiver(
+            await self.inner.subscribe(queue, group, settings, dead_letters=dead_letters)
+        )
+
+
+@pytest.mark.behaviour("lease expiry")
+async def test_seam_facade_refuses_a_settle_after_the_lease_even_if_the_backend_would_not(
+    broker_url: str, queue: str, group: str
+) -> None:
+    inner = brokerkit.connect(broker_url).backend  # unopened; the lax wrapper opens it
+    async with brokerkit.from_backend(_LaxBackend(inner)) as lax:
+        await lax.publish(queue, b"x")
+        async with lax.consumer(queue, group, ack_timeout=LEASE, close_timeout=0) as consumer:
+            for settle in ("ack", "nack", "dead_letter", "extend"):
+                msg = await receive(consumer, redelivery_deadline(lax, LEASE))
+                received = time.monotonic()
+                await eventually(
+                    lambda: time.monotonic() > received + LEASE + 0.1,  # noqa: B023
+                    what="the lease to end",
+                )
+                with pytest.raises(brokerkit.LeaseExpired):
+                    if settle == "dead_letter":
+                        await msg.dead_letter("late")
+                    else:
+                        await getattr(msg, settle)()
+            last = await receive(consumer, redelivery_deadline(lax, LEASE))
+            await last.ack()

@@ -8,6 +8,8 @@ take each layer alone: the backend through the seam a backend author implements
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 
@@ -78,8 +80,8 @@ async def _nothing(consumer: brokerkit.Consumer) -> brokerkit.Message | None:
     return await nothing_within(consumer, absence_window(consumer.broker, LEASE))
 
 
-class _LaxReceiver(Receiver):
-    """A receiver that never says LeaseExpired: the facade alone must notice."""
+class _Forwarding(Receiver):
+    """A receiver that forwards every call to the URL's own receiver."""
 
     def __init__(self, inner: Receiver) -> None:
         self.inner = inner
@@ -88,28 +90,16 @@ class _LaxReceiver(Receiver):
         return await self.inner.receive(max_messages, wait)
 
     async def ack(self, delivery: Delivery) -> None:
-        try:
-            await self.inner.ack(delivery)
-        except brokerkit.LeaseExpired:
-            pass
+        await self.inner.ack(delivery)
 
     async def nack(self, delivery: Delivery, delay: float) -> None:
-        try:
-            await self.inner.nack(delivery, delay)
-        except brokerkit.LeaseExpired:
-            pass
+        await self.inner.nack(delivery, delay)
 
     async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
-        try:
-            await self.inner.dead_letter(delivery, envelope)
-        except brokerkit.LeaseExpired:
-            pass
+        await self.inner.dead_letter(delivery, envelope)
 
     async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
-        try:
-            await self.inner.extend(delivery, ack_timeout)
-        except brokerkit.LeaseExpired:
-            pass
+        await self.inner.extend(delivery, ack_timeout)
 
     async def release(self, deliveries: Sequence[Delivery]) -> None:
         await self.inner.release(deliveries)
@@ -118,11 +108,43 @@ class _LaxReceiver(Receiver):
         await self.inner.aclose()
 
 
-class _LaxBackend(Backend):
-    """The URL's own backend, with receivers that never check a lease."""
+class _LaxReceiver(_Forwarding):
+    """Never says LeaseExpired: the facade alone must notice a lost lease."""
 
-    def __init__(self, inner: Backend) -> None:
+    async def ack(self, delivery: Delivery) -> None:
+        with contextlib.suppress(brokerkit.LeaseExpired):
+            await self.inner.ack(delivery)
+
+    async def nack(self, delivery: Delivery, delay: float) -> None:
+        with contextlib.suppress(brokerkit.LeaseExpired):
+            await self.inner.nack(delivery, delay)
+
+    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+        with contextlib.suppress(brokerkit.LeaseExpired):
+            await self.inner.dead_letter(delivery, envelope)
+
+    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+        with contextlib.suppress(brokerkit.LeaseExpired):
+            await self.inner.extend(delivery, ack_timeout)
+
+
+class _SlowReplyReceiver(_Forwarding):
+    """Its receive leases, then waits for the reply: exactly as cancellation-safe as the
+    seam demands (a cancel after the lease loses the batch until the lease ends)."""
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+        got = await self.inner.receive(max_messages, wait)
+        if got:
+            await asyncio.sleep(0.005)  # the broker leased them; the reply is on its way
+        return got
+
+
+class _Wrapped(Backend):
+    """The URL's own backend, its receivers wrapped in ``receiver``."""
+
+    def __init__(self, inner: Backend, receiver: type[_Forwarding]) -> None:
         self.inner = inner
+        self.receiver = receiver
         self.capabilities = inner.capabilities
 
     @classmethod
@@ -146,17 +168,20 @@ class _LaxBackend(Backend):
     async def subscribe(
         self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
     ) -> Receiver:
-        return _LaxReceiver(
-            await self.inner.subscribe(queue, group, settings, dead_letters=dead_letters)
-        )
+        inner = await self.inner.subscribe(queue, group, settings, dead_letters=dead_letters)
+        return self.receiver(inner)
+
+
+def _wrapped(broker_url: str, receiver: type[_Forwarding]) -> brokerkit.Broker:
+    inner = brokerkit.connect(broker_url).backend  # unopened; the wrapper opens it
+    return brokerkit.from_backend(_Wrapped(inner, receiver))
 
 
 @pytest.mark.behaviour("lease expiry")
 async def test_seam_facade_refuses_a_settle_after_the_lease_even_if_the_backend_would_not(
     broker_url: str, queue: str, group: str
 ) -> None:
-    inner = brokerkit.connect(broker_url).backend  # unopened; the lax wrapper opens it
-    async with brokerkit.from_backend(_LaxBackend(inner)) as lax:
+    async with _wrapped(broker_url, _LaxReceiver) as lax:
         await lax.publish(queue, b"x")
         async with lax.consumer(queue, group, ack_timeout=LEASE, close_timeout=0) as consumer:
             for settle in ("ack", "nack", "dead_letter", "extend"):
@@ -173,3 +198,38 @@ async def test_seam_facade_refuses_a_settle_after_the_lease_even_if_the_backend_
                         await getattr(msg, settle)()
             last = await receive(consumer, redelivery_deadline(lax, LEASE))
             await last.ack()
+
+
+@pytest.mark.behaviour("ack")
+async def test_seam_facade_keeps_what_a_cancelled_fetch_leased(
+    broker_url: str, queue: str, group: str
+) -> None:
+    """Cancelling ``__anext__`` loses nothing even over a receive that leases, then awaits.
+
+    The seam lets a cancelled ``receive`` lose its batch until the lease ends; the
+    facade must not cancel a fetch that may have leased (60 s leases here: a lost batch
+    would come back far beyond the deadline, with attempt 2).
+    """
+    count = 20
+    got: list[brokerkit.Message] = []
+    async with _wrapped(broker_url, _SlowReplyReceiver) as slow:
+        await slow.publish_many(queue, [brokerkit.Outgoing(f"s{i}".encode()) for i in range(count)])
+        async with slow.consumer(queue, group, prefetch=4, ack_timeout=60.0) as consumer:
+            deadline = time.monotonic() + WAIT
+            turns = 0
+            while len(got) < count:
+                assert time.monotonic() < deadline, f"{len(got)} of {count}: a batch was lost"
+                task = asyncio.ensure_future(consumer.__anext__())
+                await asyncio.sleep(0.002 if turns % 2 else 0)  # inside the reply, or before
+                turns += 1
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    got.append(await task)
+                if turns % 3 == 0:
+                    msg = await nothing_within(consumer, 0.5)
+                    if msg is not None:
+                        got.append(msg)
+            for msg in got:
+                await msg.ack()
+    assert sorted(m.body for m in got) == sorted(f"s{i}".encode() for i in range(count))
+    assert all(m.attempt == 1 for m in got), "a batch came back only after its lease"

@@ -112,9 +112,10 @@ async def test_publish_returns_once_the_message_is_due(
             lateness.append(time.monotonic() - returned)
             assert msg.body == f"due-{i}".encode()
             await msg.ack()
-    # the best of three: a loaded machine delays some, a late publish delays all
+    # the best of three: a loaded machine delays some, a late publish delays all (measured:
+    # at most 0.003 s on memory, redis, nats and kafka, whose slack is 0.05 s to 2.5 s)
     slack = broker.capabilities.redelivery_slack
-    assert min(lateness) <= slack + EARLY, (
+    assert min(lateness) <= slack, (
         f"delivered {min(lateness):.3f}s (at best) after publish returned; "
         f"redelivery_slack is {slack}s"
     )

@@ -20,63 +20,72 @@ import argparse
 import asyncio
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+import brokerkit
 from brokerkit._bench import drain_rate
-from brokerkit._consumer import Consumer
-from brokerkit.backends.base import NO_EXTRAS, NO_HEADERS, Delivery, Receiver
+from brokerkit.backends import (
+    NO_EXTRAS,
+    NO_HEADERS,
+    Backend,
+    BrokerURL,
+    Capabilities,
+    Delivery,
+    QueueRef,
+    Receiver,
+    ReceiverSettings,
+)
 
 BODY = b"x" * 100
 
 
-class _NoOpReceiver(Receiver):
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+class _NoOpReceiver(Receiver[int]):
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[int]]:
         await asyncio.sleep(0)  # a fetch yields to the loop once, as a real one would
         return [
             Delivery(str(i), BODY, NO_HEADERS, None, None, 1, i, NO_EXTRAS)
             for i in range(max_messages)
         ]
 
-    async def ack(self, delivery: Delivery) -> None:
+    async def ack(self, delivery: Delivery[int]) -> None:
         pass
 
-    async def nack(self, delivery: Delivery, delay: float) -> None:
+    async def nack(self, delivery: Delivery[int], delay: float) -> None:
         pass
 
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+    async def extend(self, delivery: Delivery[int], ack_timeout: float) -> None:
         pass
 
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
-        pass
-
-    async def release(self, deliveries: Sequence[Delivery]) -> None:
-        pass
-
-    async def aclose(self) -> None:
+    async def release(self, deliveries: Sequence[Delivery[int]]) -> None:
         pass
 
 
-class _Broker:
-    """What a Consumer reads of its broker (no backend is ever opened)."""
+class _NoOpBackend(Backend):
+    """Subscribing hands out the no-op receiver; nothing is ever published."""
 
-    _consumers: set[Any] = set()
+    capabilities = Capabilities(
+        max_message_bytes=1 << 20, dedup_window=300.0, dedup_window_configurable=False, fan_out=True
+    )
+
+    @classmethod
+    def from_url(cls, url: BrokerURL) -> _NoOpBackend:
+        return cls()
+
+    async def publish(self, queue: QueueRef, messages: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    async def subscribe(
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> _NoOpReceiver:
+        return _NoOpReceiver()
 
 
 async def facade_loop(count: int) -> float:
-    consumer = Consumer(
-        _Broker(),  # type: ignore[arg-type]
-        "q",
-        "g",
-        max_attempts=5,
-        ack_timeout=60.0,
-        prefetch=500,
-        close_timeout=0.0,
-        dead_letters=False,
-    )
-    consumer._receiver = _NoOpReceiver()
-    rate = await drain_rate(consumer, count)
-    await consumer.aclose()
+    async with brokerkit.from_backend(_NoOpBackend()) as broker:
+        consumer = broker.consumer("q", "g", ack_timeout=60.0, prefetch=500, close_timeout=0.0)
+        async with consumer:
+            rate = await drain_rate(consumer, count)
     return 1e6 / rate
 
 

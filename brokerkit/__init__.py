@@ -17,6 +17,7 @@ from brokerkit._consumer import Consumer, Message
 from brokerkit._errors import (
     AlreadySettled,
     BrokerkitError,
+    BrokerRefused,
     BrokerUnavailable,
     ConfigError,
     InvalidArgument,
@@ -27,7 +28,13 @@ from brokerkit._errors import (
     ResourceClosed,
     UnsupportedFeature,
 )
-from brokerkit._message import DeadLetterInfo, Outgoing, PublishResult
+from brokerkit._message import (
+    BrowsedMessage,
+    DeadLetterInfo,
+    Outgoing,
+    PublishResult,
+    QueueStats,
+)
 from brokerkit._url import BrokerURL
 from brokerkit.backends.base import Capabilities
 
@@ -36,9 +43,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadySettled",
     "Broker",
+    "BrokerRefused",
     "BrokerURL",
     "BrokerUnavailable",
     "BrokerkitError",
+    "BrowsedMessage",
     "Capabilities",
     "ConfigError",
     "Consumer",
@@ -51,6 +60,7 @@ __all__ = [
     "MessageTooLarge",
     "Outgoing",
     "PublishResult",
+    "QueueStats",
     "ResourceClosed",
     "UnsupportedFeature",
     "__version__",

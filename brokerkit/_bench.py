@@ -12,7 +12,7 @@ import contextlib
 import statistics
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import brokerkit
 
@@ -21,6 +21,8 @@ import brokerkit
 class BenchResult:
     publish: list[float]
     consume: list[float]
+    concurrent: list[float] = field(default_factory=list)
+    """Single publishes from ``concurrency`` tasks at once (empty unless asked for)."""
 
     @property
     def publish_median(self) -> float:
@@ -48,6 +50,24 @@ async def publish_rate(
     return count / (time.perf_counter() - started)
 
 
+async def concurrent_publish_rate(
+    broker: brokerkit.Broker, queue: str, count: int, body: bytes, *, concurrency: int
+) -> float:
+    """Messages per second for ``count`` single ``publish()`` calls from ``concurrency``
+    tasks at once (each awaiting its own call, then making the next): a web service."""
+    per_task = [
+        count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)
+    ]
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            await broker.publish(queue, body)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(n) for n in per_task if n))
+    return count / (time.perf_counter() - started)
+
+
 async def consume_rate(broker: brokerkit.Broker, queue: str, count: int, prefetch: int) -> float:
     """Messages per second to receive and ack ``count`` messages, timed from the first one."""
     async with broker.consumer(queue, "bench", prefetch=prefetch) as consumer:
@@ -69,19 +89,35 @@ async def drain_rate(consumer: brokerkit.Consumer, count: int) -> float:
 
 
 async def run_bench(
-    url: str, *, messages: int = 20_000, size: int = 100, rounds: int = 3, prefetch: int = 500
+    url: str,
+    *,
+    messages: int = 20_000,
+    size: int = 100,
+    rounds: int = 3,
+    prefetch: int = 500,
+    concurrency: int = 0,
 ) -> BenchResult:
+    """``concurrency`` > 0 also measures that many single-publish callers at once."""
     body = b"x" * size
     publish: list[float] = []
     consume: list[float] = []
+    concurrent: list[float] = []
     async with brokerkit.connect(url) as broker:
         for _ in range(rounds):
             queue = f"bench-{uuid.uuid4().hex[:12]}"
             publish.append(await publish_rate(broker, queue, messages, body))
-            consume.append(await consume_rate(broker, queue, messages, prefetch))
+            if concurrency:
+                concurrent.append(
+                    await concurrent_publish_rate(
+                        broker, queue, messages, body, concurrency=concurrency
+                    )
+                )
+            # consume what was published (the concurrent series published as many again)
+            total = messages * (2 if concurrency else 1)
+            consume.append(await consume_rate(broker, queue, total, prefetch))
             with contextlib.suppress(brokerkit.UnsupportedFeature):
                 await broker.delete_queue(queue)  # leave the broker as we found it
-    return BenchResult(publish, consume)
+    return BenchResult(publish, consume, concurrent)
 
 
 def round_line(round_no: int, rates: dict[str, list[float]]) -> str:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 
-from brokerkit._consumer import Consumer, check_consumer_args
+from brokerkit._coalesce import PublishCoalescer
+from brokerkit._consumer import Consumer, ConsumerLink, check_consumer_args
 from brokerkit._dlq import split_envelope
-from brokerkit._errors import InvalidArgument, ResourceClosed
-from brokerkit._message import Outgoing, PublishResult
+from brokerkit._errors import InvalidArgument, ResourceClosed, UnsupportedFeature
+from brokerkit._message import BrowsedMessage, Outgoing, PublishResult, QueueStats
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
 from brokerkit._validate import check_int, check_name, check_outgoing
-from brokerkit.backends.base import Backend, Capabilities, ReceiverSettings
+from brokerkit.backends.base import Backend, Capabilities, QueueRef, ReceiverSettings
 
 DEFAULT_GROUP = "default"
 DEAD_LETTER_GROUP = "dead-letters"
@@ -50,6 +51,13 @@ class Broker:
         self._closed = False
         self._open_lock = asyncio.Lock()
         self._consumers: set[Consumer] = set()
+        self._coalescers: dict[str, PublishCoalescer] = {}
+        self._link = ConsumerLink(
+            opened_backend=self._opened_backend,
+            max_nack_delay=backend.capabilities.max_nack_delay,
+            on_close=self._consumers.discard,
+            where=url.redacted(),
+        )
 
     def __repr__(self) -> str:
         return f"<Broker {self.url.redacted()}>"
@@ -106,13 +114,32 @@ class Broker:
     ) -> PublishResult:
         """Publish one message; return once the broker accepted it durably.
 
-        Raises InvalidName, InvalidMessage or MessageTooLarge before any I/O.
+        Raises InvalidName, InvalidMessage or MessageTooLarge before any I/O. Concurrent
+        calls for one queue are gathered into pipelined backend calls (each caller still
+        gets its own result or error; see ``brokerkit._coalesce``), so a service may
+        publish from thousands of tasks at once.
         """
         message = Outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
-        return (await self.publish_many(queue, [message]))[0]
+        (checked,) = self._checked(queue, (message,))
+        coalescer = self._coalescers.get(queue)
+        if coalescer is None:
+            backend = await self._opened_backend()
+            ref = QueueRef(queue)
+            coalescer = self._coalescers.setdefault(
+                queue, PublishCoalescer(lambda batch: backend.publish(ref, batch))
+            )
+        return await coalescer.publish(checked)
 
     async def publish_many(self, queue: str, messages: Iterable[Outgoing]) -> list[PublishResult]:
         """Publish in list order (the FIFO order within a fifo_group); all validated first."""
+        checked = self._checked(queue, messages)
+        if not checked:
+            return []
+        backend = await self._opened_backend()
+        return await backend.publish(QueueRef(queue), checked)
+
+    def _checked(self, queue: str, messages: Iterable[Outgoing]) -> list[Outgoing]:
+        """Validate a publish before any I/O; ResourceClosed on a closed broker."""
         check_name("queue", queue)
         caps = self.capabilities
         checked = [
@@ -126,10 +153,7 @@ class Broker:
         ]
         if self._closed:
             raise ResourceClosed(f"{self!r} is closed")
-        if not checked:
-            return []
-        backend = await self._opened_backend()
-        return await backend.publish(queue, checked)
+        return checked
 
     def consumer(
         self,
@@ -150,7 +174,7 @@ class Broker:
         Raises InvalidName or InvalidArgument before any I/O.
         """
         return self._consumer(
-            queue, group, max_attempts, ack_timeout, prefetch, close_timeout, dead_letters=False
+            QueueRef(queue), group, max_attempts, ack_timeout, prefetch, close_timeout
         )
 
     def dead_letters(
@@ -164,21 +188,19 @@ class Broker:
     ) -> Consumer:
         """A consumer over ``queue``'s DLQ; each message has ``dead_letter_info``."""
         return self._consumer(
-            queue, group, 2**31 - 1, ack_timeout, prefetch, close_timeout, dead_letters=True
+            QueueRef(queue).dlq, group, 2**31 - 1, ack_timeout, prefetch, close_timeout
         )
 
     def _consumer(
         self,
-        queue: str,
+        queue: QueueRef,
         group: str,
         max_attempts: int,
         ack_timeout: float,
         prefetch: int,
         close_timeout: float,
-        *,
-        dead_letters: bool,
     ) -> Consumer:
-        check_name("queue", queue)
+        check_name("queue", queue.name)
         check_name("consumer group", group)
         attempts, timeout, fetch, close = check_consumer_args(
             max_attempts, ack_timeout, prefetch, close_timeout
@@ -186,17 +208,29 @@ class Broker:
         if self._closed:
             raise ResourceClosed(f"{self!r} is closed")
         consumer = Consumer(
-            self,
+            self._link,
             queue,
             group,
             max_attempts=attempts,
             ack_timeout=timeout,
             prefetch=fetch,
             close_timeout=close,
-            dead_letters=dead_letters,
         )
         self._consumers.add(consumer)
         return consumer
+
+    async def declare(self, queue: str, group: str | None = None) -> None:
+        """Create ``queue``, its DLQ and (if given) consumer ``group`` now, idempotently.
+
+        Optional: everything is created on first use anyway. This is the separate,
+        least-privilege step of CONTRACT section 3 (an operator declares; services then
+        need only publish and consume rights). InvalidName before any I/O.
+        """
+        check_name("queue", queue)
+        if group is not None:
+            check_name("consumer group", group)
+        backend = await self._opened_backend()
+        await backend.declare(QueueRef(queue), group)
 
     async def delete_queue(self, queue: str) -> None:
         """Delete ``queue`` and its DLQ on the broker: their messages and every group's state.
@@ -217,6 +251,51 @@ class Broker:
         backend = await self._opened_backend()
         await backend.delete_queue(queue)
 
+    async def browse(
+        self, queue: str, *, dead_letters: bool = False, limit: int = 100
+    ) -> AsyncIterator[BrowsedMessage]:
+        """The oldest ``limit`` messages of ``queue`` (or its DLQ), oldest first, read without
+        any side effect: nothing is leased, no attempt counted, no order changed.
+
+        ``async for msg in broker.browse("orders", dead_letters=True): ...``. Raises
+        UnsupportedFeature where the broker cannot read without side effects
+        (``capabilities.browse`` is False): it never degrades to a destructive read.
+        """
+        check_name("queue", queue)
+        check_int("limit", limit, minimum=0)
+        if not self.capabilities.browse:
+            raise UnsupportedFeature(
+                f"{self.url.scheme}:// cannot browse without side effects (see its docs)"
+            )
+        backend = await self._opened_backend()
+        ref = QueueRef(queue).dlq if dead_letters else QueueRef(queue)
+        for delivery in await backend.browse(ref, limit):
+            headers, info = (
+                split_envelope(delivery.headers) if dead_letters else (delivery.headers, None)
+            )
+            yield BrowsedMessage(
+                id=delivery.id,
+                body=delivery.body,
+                headers=headers,
+                fifo_group=info.fifo_group if info else delivery.fifo_group,
+                dedup_id=info.dedup_id if info else delivery.dedup_id,
+                dead_letter_info=info,
+            )
+
+    async def stats(self, queue: str, group: str = DEFAULT_GROUP) -> QueueStats:
+        """What the broker can tell about ``queue`` for consumer ``group``: ready, in flight,
+        delayed, dead (the DLQ's depth), the oldest message's age; None where it cannot."""
+        check_name("queue", queue)
+        check_name("consumer group", group)
+        backend = await self._opened_backend()
+        ref = QueueRef(queue)
+        main = await backend.stats(ref, group)
+        dlq = await backend.stats(ref.dlq, None)
+        dead = (
+            dlq.ready if dlq.ready is None or dlq.in_flight is None else dlq.ready + dlq.in_flight
+        )
+        return QueueStats(main.ready, main.in_flight, main.delayed, dead, main.oldest_age)
+
     async def redrive(self, queue: str, limit: int | None = None) -> int:
         """Move dead messages back to ``queue``, oldest first, keeping fifo_group order.
 
@@ -228,8 +307,9 @@ class Broker:
         if limit is not None:
             check_int("limit", limit, minimum=0)
         backend = await self._opened_backend()
-        settings = ReceiverSettings(ack_timeout=_REDRIVE_LEASE, max_attempts=2**31 - 1, prefetch=1)
-        receiver = await backend.subscribe(queue, DEAD_LETTER_GROUP, settings, dead_letters=True)
+        ref = QueueRef(queue)
+        settings = ReceiverSettings(ack_timeout=_REDRIVE_LEASE)
+        receiver = await backend.subscribe(ref.dlq, DEAD_LETTER_GROUP, settings)
         wait = 1.0 + self.capabilities.redelivery_slack
         moved = 0
         try:
@@ -240,7 +320,7 @@ class Broker:
                 for delivery in batch:
                     headers, info = split_envelope(delivery.headers)
                     group = info.fifo_group if info else delivery.fifo_group
-                    await backend.publish(queue, [Outgoing(delivery.body, group, None, headers)])
+                    await backend.publish(ref, [Outgoing(delivery.body, group, None, headers)])
                     await receiver.ack(delivery)
                     moved += 1
         finally:

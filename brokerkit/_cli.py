@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import sys
 
 import click
@@ -68,11 +69,34 @@ def check(url: str, as_json: bool, select: str | None) -> None:
 
 @main.command()
 @click.argument("url", default=DEFAULT_URL)
-@click.option("--messages", default=20_000, show_default=True, help="Messages per round.")
-@click.option("--size", default=100, show_default=True, help="Body size in bytes.")
-@click.option("--rounds", default=3, show_default=True, help="Rounds; medians are reported.")
-@click.option("--prefetch", default=500, show_default=True, help="Consumer prefetch.")
-def bench(url: str, messages: int, size: int, rounds: int, prefetch: int) -> None:
+@click.option(
+    "--messages",
+    default=20_000,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Messages per round (consume is timed from the first, so at least 2).",
+)
+@click.option(
+    "--size", default=100, show_default=True, type=click.IntRange(min=0), help="Body bytes."
+)
+@click.option(
+    "--rounds",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rounds; min/median/max reported.",
+)
+@click.option(
+    "--prefetch", default=500, show_default=True, type=click.IntRange(min=1), help="Prefetch."
+)
+@click.option(
+    "--concurrency",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Also measure single publish() calls from this many tasks at once.",
+)
+def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concurrency: int) -> None:
     """Measure brokerkit publish and consume+ack throughput on URL (msgs/s, medians).
 
     The raw client library's numbers, measured in the same run, come from the
@@ -82,12 +106,36 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int) -> Non
 
     try:
         result = asyncio.run(
-            run_bench(url, messages=messages, size=size, rounds=rounds, prefetch=prefetch)
+            run_bench(
+                url,
+                messages=messages,
+                size=size,
+                rounds=rounds,
+                prefetch=prefetch,
+                concurrency=concurrency,
+            )
         )
     except BrokerkitError as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
-    rounds_pub = ", ".join(f"{r:,.0f}" for r in result.publish)
-    rounds_con = ", ".join(f"{r:,.0f}" for r in result.consume)
-    click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds")
-    click.echo(f"  publish      median {result.publish_median:>10,.0f} msgs/s  ({rounds_pub})")
-    click.echo(f"  consume+ack  median {result.consume_median:>10,.0f} msgs/s  ({rounds_con})")
+    click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds (msgs/s)")
+    series = {"publish": result.publish, "consume+ack": result.consume}
+    if result.concurrent:
+        series[f"publish x{concurrency}"] = result.concurrent
+    for name, values in series.items():
+        click.echo(
+            f"  {name:<14} median {statistics.median(values):>10,.0f}"
+            f"  min {min(values):>10,.0f}  max {max(values):>10,.0f}"
+        )
+    if result.concurrent:
+        ratio = statistics.median(result.concurrent) / result.publish_median
+        click.echo(f"  ratio publish x{concurrency} / publish_many  {ratio:.2f}")
+
+
+def _add_operator_commands() -> None:
+    from brokerkit._ops_cli import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_add_operator_commands()

@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
 from brokerkit._errors import (
@@ -18,12 +19,9 @@ from brokerkit._errors import (
     ResourceClosed,
     UnsupportedFeature,
 )
-from brokerkit._message import DeadLetterInfo
+from brokerkit._message import DeadLetterInfo, Outgoing
 from brokerkit._validate import check_seconds
-from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
-
-if TYPE_CHECKING:
-    from brokerkit._broker import Broker
+from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver, ReceiverSettings
 
 # The lease clock: monotonic, and the same clock as the event loop's.
 _now = time.monotonic
@@ -36,6 +34,20 @@ _POLL_WAIT = 1.0
 _YIELD_EVERY = 32
 
 _UNSETTLED, _SETTLING, _SETTLED, _LOST = "unsettled", "settling", "settled", "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerLink:
+    """What a consumer needs of its broker, handed in: the consumer never sees the Broker."""
+
+    opened_backend: Callable[[], Awaitable[Backend]]
+    """The broker's backend, connected on first use (ResourceClosed once the broker is)."""
+    max_nack_delay: float
+    """``capabilities.max_nack_delay`` of the backend (fixed at construction)."""
+    on_close: Callable[[Consumer], None]
+    """Called once when the consumer has closed (the broker stops tracking it)."""
+    where: str
+    """The broker's URL, redacted, for ``repr``."""
 
 
 class Message:
@@ -53,7 +65,7 @@ class Message:
     """Why the message died, when it was read from a DLQ (``broker.dead_letters``)."""
 
     def __init__(
-        self, consumer: Consumer, receiver: Receiver, delivery: Delivery, deadline: float
+        self, consumer: Consumer, receiver: Receiver[Any], delivery: Delivery[Any], deadline: float
     ) -> None:
         self._consumer = consumer
         self._receiver = receiver
@@ -123,11 +135,11 @@ class Message:
         reason ``max_attempts``. Raises InvalidArgument for a negative delay.
         """
         seconds = check_seconds("delay", delay, allow_none=True) or 0.0
-        limit = self._consumer.broker.capabilities.max_nack_delay
+        limit = self._consumer.max_nack_delay
         if seconds > limit:
             raise InvalidArgument(f"delay must be at most {limit} seconds on this broker")
         if self.attempt >= self._consumer.max_attempts and self.dead_letter_info is None:
-            await self._settle(lambda d: self._consumer._receiver_dead(d, REASON_MAX_ATTEMPTS))
+            await self._settle(lambda d: self._consumer.move_to_dlq(d, REASON_MAX_ATTEMPTS))
         else:
             await self._settle(lambda d: self._receiver.nack(d, seconds))
 
@@ -139,7 +151,7 @@ class Message:
             raise UnsupportedFeature(
                 "a dead letter cannot be dead-lettered again: ack or redrive it"
             )
-        await self._settle(lambda d: self._consumer._receiver_dead(d, reason))
+        await self._settle(lambda d: self._consumer.move_to_dlq(d, reason))
 
     async def extend(self) -> None:
         """Renew the lease for another ``ack_timeout`` seconds from now."""
@@ -168,13 +180,13 @@ class Message:
             await action(self._delivery)
         except LeaseExpired:
             self._state = _LOST
-            self._consumer._forget(self)
+            self._consumer.settled(self)
             raise
         except BaseException:
             self._state = _UNSETTLED
             raise
         self._state = _SETTLED
-        self._consumer._forget(self)
+        self._consumer.settled(self)
 
     def _give_back(self, now: float) -> bool:
         """Called on consumer close: True if unsettled and its lease still held."""
@@ -193,7 +205,7 @@ class _DeadLetterMessage(Message):
     __slots__ = ("_headers", "dead_letter_info")
 
     def __init__(
-        self, consumer: Consumer, receiver: Receiver, delivery: Delivery, deadline: float
+        self, consumer: Consumer, receiver: Receiver[Any], delivery: Delivery[Any], deadline: float
     ) -> None:
         super().__init__(consumer, receiver, delivery, deadline)
         self._headers, self.dead_letter_info = split_envelope(delivery.headers)
@@ -215,46 +227,48 @@ class Consumer:
 
     def __init__(
         self,
-        broker: Broker,
-        queue: str,
+        link: ConsumerLink,
+        queue: QueueRef,
         group: str,
         *,
         max_attempts: int,
         ack_timeout: float,
         prefetch: int,
         close_timeout: float,
-        dead_letters: bool,
     ) -> None:
-        self.broker = broker
-        self.queue = queue
+        self._link = link
+        self.ref = queue
+        self.queue = queue.name
         self.group = group
         self.max_attempts = max_attempts
+        self.max_nack_delay = link.max_nack_delay
         self.ack_timeout = ack_timeout
         self.prefetch = prefetch
         self.close_timeout = close_timeout
-        self.dead_letters = dead_letters
-        self._receiver: Receiver | None = None
+        dead_letters = self.dead_letters = queue.dead_letters
+        self._backend: Backend | None = None
+        self._receiver: Receiver[Any] | None = None
         # only DLQ copies carry the envelope
         self._message_class = _DeadLetterMessage if dead_letters else Message
         # fetched, not yet handed out: the batch being handed out, then whole batches, each
         # with the time its leases run out (ack_timeout after it arrived)
-        self._batch: list[Delivery] = []
+        self._batch: list[Delivery[Any]] = []
         self._batch_pos = 0
         self._batch_deadline = 0.0
-        self._buffer: deque[tuple[float, list[Delivery]]] = deque()
+        self._buffer: deque[tuple[float, list[Delivery[Any]]]] = deque()
         self._buffered = 0
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
         self._held: set[Message] = set()  # handed out, not yet settled
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
-        self._fetch: asyncio.Task[list[Delivery]] | None = None
+        self._fetch: asyncio.Task[list[Delivery[Any]]] | None = None
         self._closing = False
         self._closed: asyncio.Future[None] | None = None
         self._open_lock = asyncio.Lock()
 
     def __repr__(self) -> str:
         kind = "dead_letters" if self.dead_letters else "consumer"
-        return f"<{kind} queue={self.queue!r} group={self.group!r} broker={self.broker.url}>"
+        return f"<{kind} queue={self.queue!r} group={self.group!r} broker={self._link.where}>"
 
     async def __aenter__(self) -> Consumer:
         await self.open()
@@ -271,15 +285,10 @@ class Consumer:
             raise ResourceClosed(f"{self!r} is closed")
         async with self._open_lock:
             if self._receiver is None:
-                settings = ReceiverSettings(
-                    ack_timeout=self.ack_timeout,
-                    max_attempts=self.max_attempts,
-                    prefetch=self.prefetch,
-                )
-                backend = await self.broker._opened_backend()
-                self._receiver = await backend.subscribe(
-                    self.queue, self.group, settings, dead_letters=self.dead_letters
-                )
+                backend = await self._link.opened_backend()
+                settings = ReceiverSettings(ack_timeout=self.ack_timeout)
+                self._receiver = await backend.subscribe(self.ref, self.group, settings)
+                self._backend = backend
 
     def __aiter__(self) -> Consumer:
         return self
@@ -317,7 +326,7 @@ class Consumer:
                     continue  # the lease ran out while buffered: the broker redelivers it
                 if delivery.attempt > self.max_attempts and not self.dead_letters:
                     # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
-                    await self._receiver_dead(
+                    await self.move_to_dlq(
                         delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
                     )
                     continue
@@ -356,7 +365,7 @@ class Consumer:
         task.add_done_callback(self._collect)
         self._fetch = task
 
-    def _collect(self, task: asyncio.Task[list[Delivery]]) -> None:
+    def _collect(self, task: asyncio.Task[list[Delivery[Any]]]) -> None:
         """Keep a finished fetch's deliveries; runs once per task (callback or caller)."""
         if self._fetch is not task:
             return
@@ -368,19 +377,24 @@ class Consumer:
             self._buffer.append((_now() + self.ack_timeout, deliveries))
             self._buffered += len(deliveries)
 
-    def _forget(self, message: Message) -> None:
+    def settled(self, message: Message) -> None:
+        """A held message was settled (or its lease lost): it is no longer held."""
         self._held.discard(message)
         if self._drained is not None and not self._held:
             self._drained.set()
 
-    def _live_receiver(self) -> Receiver:
+    def _live_receiver(self) -> Receiver[Any]:
         if self._receiver is None:
             raise ResourceClosed(f"{self!r} is not open")
         return self._receiver
 
-    async def _receiver_dead(
-        self, delivery: Delivery, reason: str, attempts: int | None = None
+    async def move_to_dlq(
+        self, delivery: Delivery[Any], reason: str, attempts: int | None = None
     ) -> None:
+        """Dead-letter ``delivery``: its DLQ copy carries the envelope, then it is settled."""
+        receiver = self._live_receiver()
+        backend = self._backend
+        assert backend is not None  # set together with the receiver
         envelope = build_envelope(
             queue=self.queue,
             original_id=delivery.id,
@@ -389,7 +403,13 @@ class Consumer:
             fifo_group=delivery.fifo_group,
             dedup_id=delivery.dedup_id,
         )
-        await self._live_receiver().dead_letter(delivery, envelope)
+        copy = Outgoing(delivery.body, delivery.fifo_group, None, {**delivery.headers, **envelope})
+        dlq = self.ref.dlq
+
+        async def publish(message: Outgoing) -> Any:
+            return (await backend.publish(dlq, [message]))[0]
+
+        await receiver.dead_letter(delivery, copy, publish)
 
     async def aclose(self) -> None:
         """Stop fetching, let held messages settle (``close_timeout``), give back the rest.
@@ -405,7 +425,7 @@ class Consumer:
             await self._shutdown()
         finally:
             self._closed.set_result(None)
-            self.broker._consumers.discard(self)
+            self._link.on_close(self)
 
     async def _shutdown(self) -> None:
         receiver = self._receiver
@@ -461,4 +481,4 @@ def check_consumer_args(
     return attempts, timeout, fetch, close
 
 
-__all__ = ["Consumer", "Message", "check_consumer_args"]
+__all__ = ["Consumer", "ConsumerLink", "Message", "check_consumer_args"]

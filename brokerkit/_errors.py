@@ -10,6 +10,7 @@
     ├── MessageTooLarge      body over capabilities.max_message_bytes
     ├── UnsupportedFeature   an option this backend cannot honour
     ├── BrokerUnavailable    the broker did not answer after a bounded retry
+    ├── BrokerRefused        the broker answered and refused the request (``.code``: its own)
     ├── LeaseExpired         settling a message whose lease was lost
     ├── AlreadySettled       settling a message twice
     └── ResourceClosed       using a broker or consumer after aclose()
@@ -56,6 +57,18 @@ class BrokerUnavailable(BrokerkitError):
         super().__init__(message)
         self.host = host
         self.port = port
+
+
+class BrokerRefused(BrokerkitError):
+    """The broker answered and refused the request (permissions, a conflicting queue, a limit).
+
+    ``code`` is the broker's own name or number for the refusal (e.g. ``"NOPERM"``,
+    ``"AWS.SimpleQueueService.QueueDeletedRecently"``, ``406``), or None.
+    """
+
+    def __init__(self, message: str, *, code: str | int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class LeaseExpired(BrokerkitError):

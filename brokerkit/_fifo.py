@@ -59,5 +59,17 @@ class GroupGate(Generic[T]):
         self._busy.discard(group)
         return self.head(group)
 
+    def discard(self, group: str, item: T) -> None:
+        """Forget a waiting item that is not the head (its queue went away)."""
+        items = self._groups.get(group)
+        if items is None:
+            return
+        try:
+            items.remove(item)
+        except ValueError:
+            return
+        if not items:
+            self._groups.pop(group, None)
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._groups.values())

@@ -61,3 +61,33 @@ class DeadLetterInfo:
     died_at: datetime
     fifo_group: str | None
     dedup_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BrowsedMessage:
+    """A message seen by ``Broker.browse``: read without a lease, so it cannot be settled."""
+
+    id: str
+    body: bytes
+    headers: Mapping[str, str]
+    fifo_group: str | None
+    dedup_id: str | None
+    dead_letter_info: DeadLetterInfo | None = None
+    """Why the message died, for a message browsed in a DLQ."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """What a broker can tell about one queue (``Broker.stats``); None where it cannot.
+
+    ``ready``: deliverable now; ``in_flight``: leased to a consumer; ``delayed``: nacked
+    with a delay not yet over; ``dead``: in the DLQ; ``oldest_age``: seconds since the
+    oldest message still in the queue was published. The counts are for one consumer
+    group where the broker keeps them per group.
+    """
+
+    ready: int | None = None
+    in_flight: int | None = None
+    delayed: int | None = None
+    dead: int | None = None
+    oldest_age: float | None = None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -21,13 +22,22 @@ class Options(BaseModel):
 OptionsT = TypeVar("OptionsT", bound=Options)
 
 
-def parse_options(url: BrokerURL, model: type[OptionsT]) -> OptionsT:
-    """Parse ``url``'s query into ``model``; raise ConfigError naming the parameter.
+def parse_options(
+    source: BrokerURL | Mapping[str, Any], model: type[OptionsT], *, scheme: str | None = None
+) -> OptionsT:
+    """Parse a URL's query (or a mapping, e.g. a config file's section) into ``model``.
 
-    Values are never echoed (a parameter may carry a secret).
+    Raises ConfigError naming the parameter; values are never echoed (a parameter may
+    carry a secret). ``scheme`` names the source in errors when it is a mapping.
     """
+    if isinstance(source, BrokerURL):
+        values: Mapping[str, Any] = dict(source.query)
+        where = f"{source.scheme}:// URL"
+    else:
+        values = source
+        where = f"{scheme}:// options" if scheme else "options"
     try:
-        return model.model_validate(dict(url.query))
+        return model.model_validate(dict(values))
     except ValidationError as exc:
         known = ", ".join(sorted(model.model_fields)) or "none"
         problems = []
@@ -37,4 +47,4 @@ def parse_options(url: BrokerURL, model: type[OptionsT]) -> OptionsT:
                 problems.append(f"unknown parameter {name!r} (known: {known})")
             else:
                 problems.append(f"parameter {name!r}: {err['msg']}")
-        raise ConfigError(f"{url.scheme}:// URL: " + "; ".join(problems)) from None
+        raise ConfigError(f"{where}: " + "; ".join(problems)) from None

@@ -9,8 +9,9 @@ from typing import Any
 
 from brokerkit._errors import InvalidArgument, InvalidMessage, InvalidName, MessageTooLarge
 from brokerkit._message import Outgoing
+from brokerkit._wire import HEADER_PREFIX
 
-RESERVED_HEADER_PREFIX = "x-brokerkit-"
+RESERVED_HEADER_PREFIX = HEADER_PREFIX
 _PREFIX_LEN = len(RESERVED_HEADER_PREFIX)
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")

@@ -1,39 +1,29 @@
-"""The interface for backend authors.
+"""The seam between the facade and a backend: two ABCs and the values they exchange.
 
-A backend moves bytes and settles receipts; the facade (``brokerkit._broker`` and
-``brokerkit._consumer``) owns every policy: validation of names, sizes and
-arguments, when a nack becomes a dead letter (``attempt >= max_attempts``), the
-DLQ envelope (``brokerkit._dlq``), lease bookkeeping on the caller's side,
-settling twice, use after close, redrive, and the bounded retry before
-``BrokerUnavailable`` (``brokerkit._retry``).
+A backend moves bytes and settles receipts; the facade (``brokerkit.Broker``,
+``Consumer``, ``Message``) owns every policy: validation of names, sizes and
+arguments, when a nack becomes a dead letter (``attempt >= max_attempts``), the DLQ
+envelope, lease bookkeeping on the caller's side, settling twice, use after close,
+and redrive. Seven methods are required (``Backend.from_url``, ``publish``,
+``subscribe``; ``Receiver.receive``, ``ack``, ``nack``, ``extend``); the rest have
+defaults a backend overrides only when its broker does better.
 
-What the core gives a backend for free:
-
-* validated input: names match the portable rules, bodies are ``bytes`` within
-  ``capabilities.max_message_bytes``, headers are ``str -> str`` within limits
-  and never use the reserved ``x-brokerkit-`` prefix;
-* ``brokerkit._options.parse_options`` for typed URL query options;
-* ``brokerkit._retry.retry_unavailable`` for connecting with a bounded retry;
-* ``brokerkit._fifo.GroupGate`` (per-fifo_group exclusivity bookkeeping) and
-  ``brokerkit._dedup.DedupWindow`` (an expiring id memory), for backends that
-  must emulate FIFO groups or deduplication;
-* ``brokerkit._dlq.build_envelope`` / ``split_envelope``: the DLQ fields as
-  reserved headers, so a backend stores a dead letter like any message.
-
-What a backend must guarantee is stated on each method below. Every driver
-exception is mapped to a brokerkit error in one place per backend.
+Import everything from ``brokerkit.backends`` (the toolkit: these ABCs plus the option
+parser, the bounded connect retry, the error map, the FIFO gate, the dedup memory and
+the lease scheduler). What a backend must guarantee is stated on each method below and
+proven by ``brokerkit check yourscheme://...``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from brokerkit._errors import UnsupportedFeature
-from brokerkit._message import Outgoing, PublishResult
+from brokerkit._message import Outgoing, PublishResult, QueueStats
 from brokerkit._url import BrokerURL
 
 __all__ = [
@@ -42,6 +32,8 @@ __all__ = [
     "Backend",
     "Capabilities",
     "Delivery",
+    "PublishCopy",
+    "QueueRef",
     "Receiver",
     "ReceiverSettings",
 ]
@@ -53,13 +45,45 @@ allocate, and so none for the garbage collector to scan, per message)."""
 NO_EXTRAS: Mapping[str, Any] = _EMPTY
 """The extras of every delivery without any (the same shared, read-only mapping)."""
 
+R = TypeVar("R")
+"""A backend's receipt type: what it needs to settle one delivery."""
+
+PublishCopy = Callable[[Outgoing], Awaitable[PublishResult]]
+"""Publishes one message to a queue's DLQ: handed to ``Receiver.dead_letter``."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRef:
+    """Which log of a queue: the queue itself or its dead-letter queue (``.dlq``).
+
+    ``name`` is the user's queue name (validated); a backend derives its broker-side
+    names (stream, topic, FIFO queue) from it and from ``dead_letters``.
+    """
+
+    name: str
+    dead_letters: bool = False
+
+    @property
+    def dlq(self) -> QueueRef:
+        """The DLQ of this queue."""
+        return QueueRef(self.name, True)
+
+    @property
+    def main(self) -> QueueRef:
+        """The queue itself (for a DLQ ref: the queue it belongs to)."""
+        return QueueRef(self.name, False)
+
+    def __str__(self) -> str:
+        return f"{self.name} (DLQ)" if self.dead_letters else self.name
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a backend offers, as data: read by the facade and by the contract suite.
 
-    The suite sizes its tests from these values; it never skips a mandatory
-    behaviour because of them. A unit test pins each backend's values.
+    Fixed when the backend is constructed (before any I/O): the facade validates input
+    against it before connecting. The suite sizes its tests from these values; it never
+    skips a mandatory behaviour because of them. A unit test pins each backend's values.
     """
 
     max_message_bytes: int
@@ -69,24 +93,30 @@ class Capabilities:
     dedup_window_configurable: bool
     """True when ``?dedup_window=SECONDS`` is honoured."""
     fan_out: bool
-    """True when each consumer group receives every message of the queue."""
+    """True when each consumer group receives every message of the queue. When False, a
+    second consumer group on a queue is refused with UnsupportedFeature."""
     max_headers: int = 32
     max_header_bytes: int = 8192
     max_nack_delay: float = 12 * 3600.0
     """Longest ``nack(delay=)`` honoured exactly."""
-    lease_granularity: float = 0.0
-    """``ack_timeout`` is rounded up to a multiple of this (SQS: whole seconds)."""
     redelivery_slack: float = 1.0
     """How late after its due time a redelivery or lease expiry may be noticed."""
     ack_flush_interval: float = 0.0
     """Longest time an ``ack()`` may be coalesced before the broker records it (≤ 0.1 s)."""
+    browse: bool = False
+    """True when ``Backend.browse`` reads without side effects (no lease, no attempt
+    counted, no order or broker state changed)."""
     extras: Mapping[str, Any] = field(default_factory=dict)
     """Broker-specific read-outs, documented by the backend."""
 
 
 @dataclass(slots=True)
-class Delivery:
-    """A message leased to a receiver, as a backend hands it to the facade."""
+class Delivery(Generic[R]):
+    """A message leased to a receiver, as a backend hands it to the facade.
+
+    The facade never reads ``receipt``: it hands the delivery back to the receiver that
+    made it. Treat a delivery as immutable once handed out.
+    """
 
     id: str
     """The broker's id of the message (the same id publish returned)."""
@@ -97,9 +127,9 @@ class Delivery:
     dedup_id: str | None
     attempt: int
     """1-based delivery count; durable across consumer restarts and crashes."""
-    receipt: Any = None
-    """The backend's own handle for settling (receipt handle, offset, entry id)."""
-    extras: Mapping[str, Any] = field(default_factory=dict)
+    receipt: R
+    """The backend's own handle for settling (a lease token, an offset, a receipt handle)."""
+    extras: Mapping[str, Any] = field(default_factory=lambda: NO_EXTRAS)
     """Typed broker read-outs (Kafka offset, SQS receipt) documented per backend."""
 
 
@@ -109,17 +139,13 @@ class ReceiverSettings:
 
     ack_timeout: float
     """Lease length in seconds; unsettled longer than this means redelivery."""
-    max_attempts: int
-    """For information: the facade dead-letters at this count, not the backend."""
-    prefetch: int
-    """Most deliveries the facade will ask for in one ``receive``."""
 
 
-class Receiver(ABC):
+class Receiver(ABC, Generic[R]):
     """One consumer's lease-holding link to a queue (or its DLQ) for one group."""
 
     @abstractmethod
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[R]]:
         """Lease up to ``max_messages`` messages, waiting at most ``wait`` s for the first.
 
         Must guarantee: within a consumer group a message is leased to one
@@ -133,15 +159,15 @@ class Receiver(ABC):
         """
 
     @abstractmethod
-    async def ack(self, delivery: Delivery) -> None:
+    async def ack(self, delivery: Delivery[R]) -> None:
         """Settle: the message is not delivered to this group again.
 
         May coalesce for at most ``capabilities.ack_flush_interval``; ``aclose``
-        flushes. Raises LeaseExpired when the broker knows the lease was lost.
+        flushes. Raises LeaseExpired when the backend knows the lease was lost.
         """
 
     @abstractmethod
-    async def nack(self, delivery: Delivery, delay: float) -> None:
+    async def nack(self, delivery: Delivery[R], delay: float) -> None:
         """Deliver again (attempt + 1) no sooner than ``delay`` seconds from now.
 
         A nacked fifo_group message is delivered again before any later message
@@ -149,19 +175,24 @@ class Receiver(ABC):
         """
 
     @abstractmethod
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
-        """Move the message to the queue's DLQ and settle the original.
-
-        The DLQ copy keeps body, headers (plus ``envelope``) and fifo_group.
-        Atomic where the broker allows it; otherwise copy first, then settle,
-        so a crash in between leaves a copy in both, never in neither.
-        """
-
-    @abstractmethod
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+    async def extend(self, delivery: Delivery[R], ack_timeout: float) -> None:
         """Renew the lease for another ``ack_timeout`` seconds from now."""
 
-    async def release(self, deliveries: Sequence[Delivery]) -> None:
+    async def dead_letter(
+        self, delivery: Delivery[R], copy: Outgoing, publish: PublishCopy
+    ) -> None:
+        """Move the message to the queue's DLQ and settle the original.
+
+        ``copy`` is the DLQ copy the facade built (body, the user's headers plus the
+        envelope, fifo_group; no dedup id). The default copies first, through
+        ``publish`` (the backend's own ``publish`` to the queue's DLQ), then acks, so a
+        crash in between leaves a copy in both, never in neither. Override it where the
+        broker can move atomically.
+        """
+        await publish(copy)
+        await self.ack(delivery)
+
+    async def release(self, deliveries: Sequence[Delivery[R]]) -> None:
         """Give back deliveries the caller never saw (fetched ahead, then the consumer closed).
 
         They must be redelivered promptly, in order for fifo groups. The
@@ -172,9 +203,8 @@ class Receiver(ABC):
         for delivery in deliveries:
             await self.nack(delivery, 0.0)
 
-    @abstractmethod
     async def aclose(self) -> None:
-        """Stop fetching and flush coalesced acks. Idempotent."""
+        """Stop fetching and flush coalesced acks. Idempotent. The default does nothing."""
 
 
 class Backend(ABC):
@@ -182,6 +212,7 @@ class Backend(ABC):
 
     schemes: ClassVar[tuple[str, ...]] = ()
     capabilities: Capabilities
+    """Set in ``__init__`` and never replaced (see ``Capabilities``)."""
 
     @classmethod
     @abstractmethod
@@ -191,17 +222,19 @@ class Backend(ABC):
         Must do no I/O.
         """
 
-    @abstractmethod
-    async def open(self) -> None:
-        """Connect; raise BrokerUnavailable (after a bounded retry) when nobody answers."""
+    async def open(self) -> None:  # noqa: B027 - a default, not an abstract method
+        """Connect; raise BrokerUnavailable (after a bounded retry) when nobody answers.
 
-    @abstractmethod
-    async def aclose(self) -> None:
+        The default does nothing (a backend without a connection of its own).
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - a default, not an abstract method
         """Close the connection and everything opened through it. Idempotent."""
 
     @abstractmethod
-    async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """Publish in order; return once the broker accepted every message durably.
+    async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """Publish in order to ``queue`` (or its DLQ); return once the broker accepted
+        every message durably.
 
         Creates the queue (and its DLQ) on first use, idempotently and safely
         under concurrent first use. Honours ``dedup_id`` for
@@ -211,6 +244,39 @@ class Backend(ABC):
         are later delivered in this order. Inputs are already validated.
         """
 
+    @abstractmethod
+    async def subscribe(
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> Receiver[Any]:
+        """Open a receiver for consumer group ``group`` on ``queue`` (or its DLQ).
+
+        Creates the queue, DLQ and group on first use; a new group starts with
+        the oldest message still retained, so messages published before the
+        first consumer existed are delivered.
+        """
+
+    async def declare(self, queue: QueueRef, group: str | None = None) -> None:  # noqa: B027
+        """Create ``queue``, its DLQ and (if given) consumer ``group`` now, idempotently.
+
+        The separate least-privilege step of CONTRACT section 3: an operator declares,
+        services then run with publish/consume rights only. The default does nothing,
+        for backends that create everything on first use anyway.
+        """
+
+    async def browse(self, queue: QueueRef, limit: int) -> list[Delivery[None]]:
+        """Up to ``limit`` of the oldest messages still in ``queue`` (or its DLQ), oldest
+        first, read without any side effect: no lease, no attempt counted, nothing moved.
+
+        ``attempt`` is 0 where the backend does not know a count without a delivery.
+        Only where ``capabilities.browse`` is True; the default refuses.
+        """
+        raise UnsupportedFeature(f"{type(self).__name__} cannot browse without side effects")
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        """What the broker can tell about ``queue`` (or its DLQ) for ``group``; the facade
+        fills ``dead`` from the DLQ's own figures. The default knows nothing."""
+        return QueueStats()
+
     async def delete_queue(self, queue: str) -> None:
         """Delete ``queue`` and its DLQ on the broker: messages, consumer-group state, all.
 
@@ -219,14 +285,3 @@ class Backend(ABC):
         keeps this default.
         """
         raise UnsupportedFeature(f"{type(self).__name__} cannot delete queues")
-
-    @abstractmethod
-    async def subscribe(
-        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
-    ) -> Receiver:
-        """Open a receiver for ``group`` on ``queue`` (or on its DLQ).
-
-        Creates the queue, DLQ and group on first use; a new group starts with
-        the oldest message still retained, so messages published before the
-        first consumer existed are delivered.
-        """

@@ -15,28 +15,41 @@ How the contract maps:
   so it survives consumer restarts;
 * DLQ -> a second log per queue; the move is one synchronous step (atomic);
 * dedup -> ``DedupWindow`` per queue, ``?dedup_window=SECONDS`` (default 300);
-* FIFO groups -> ``GroupGate``: only a group's head is ever due, one at a time.
+* leases, nack delays and FIFO groups -> the core's ``LeaseBook`` per group (a
+  ``GroupGate`` inside: only a group's head is ever due, one at a time).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
 
 from pydantic import Field
 
-from brokerkit._dedup import DedupWindow
-from brokerkit._errors import ConfigError, LeaseExpired
-from brokerkit._fifo import GroupGate
-from brokerkit._message import Outgoing, PublishResult
-from brokerkit._options import Options, parse_options
-from brokerkit._url import BrokerURL
-from brokerkit.backends.base import Backend, Capabilities, Delivery, Receiver, ReceiverSettings
+from brokerkit.backends import (
+    Backend,
+    BrokerURL,
+    Capabilities,
+    ConfigError,
+    DedupWindow,
+    Delivery,
+    LeaseBook,
+    Leased,
+    Options,
+    Outgoing,
+    PublishCopy,
+    PublishResult,
+    QueueRef,
+    QueueStats,
+    Receiver,
+    ReceiverSettings,
+    parse_options,
+)
 
 __all__ = ["MemoryBackend", "MemoryOptions"]
 
@@ -50,41 +63,25 @@ class MemoryOptions(Options):
 @dataclass(slots=True)
 class _Entry:
     seq: int
+    born: float
     id: str
     body: bytes
-    headers: dict[str, str]
+    headers: Mapping[str, str]
     fifo_group: str | None
     dedup_id: str | None
     refs: int = 0
 
 
-@dataclass(slots=True)
-class _Slot:
-    entry: _Entry
-    attempts: int = 0
-    token: int = 0  # nonzero while leased
-    deadline: float = 0.0
-
-
 @dataclass(eq=False)
 class _Group:
-    """One consumer group's view of a log."""
+    """One consumer group's view of a log: its leases and its attempt counts."""
 
-    slots: dict[int, _Slot] = field(default_factory=dict)
-    ready: list[tuple[float, int]] = field(default_factory=list)  # (due, seq), heap
-    leases: list[tuple[float, int, int]] = field(default_factory=list)  # (deadline, seq, token)
-    gate: GroupGate[int] = field(default_factory=GroupGate)
+    book: LeaseBook[int] = field(default_factory=LeaseBook)
+    attempts: dict[int, int] = field(default_factory=dict)
 
     def add(self, entry: _Entry, now: float) -> None:
         entry.refs += 1
-        self.slots[entry.seq] = _Slot(entry)
-        group = entry.fifo_group
-        if group is None or self.gate.push(group, entry.seq):
-            heapq.heappush(self.ready, (now, entry.seq))
-
-    def next_wake(self) -> float | None:
-        times = [h[0][0] for h in (self.ready, self.leases) if h]
-        return min(times) if times else None
+        self.book.add(entry.seq, entry.fifo_group, now)
 
 
 class _Log:
@@ -123,6 +120,9 @@ class _Queue:
         self.dlq = _Log(hub)
         self.dedup = DedupWindow(dedup_window)
 
+    def log(self, ref: QueueRef) -> _Log:
+        return self.dlq if ref.dead_letters else self.main
+
 
 class _Hub:
     """One named in-process broker, shared by every connection to its URL."""
@@ -147,10 +147,11 @@ class _Hub:
             queue = self.queues[name] = _Queue(self, dedup_window)
         return queue
 
-    def new_entry(self, msg: Outgoing, headers: Mapping[str, str] | None = None) -> _Entry:
+    def new_entry(self, msg: Outgoing) -> _Entry:
         seq = next(self._seq)
+        headers = MappingProxyType(dict(msg.headers))  # handed out read-only, never copied
         return _Entry(
-            seq, str(seq), msg.body, dict(headers or msg.headers), msg.fifo_group, msg.dedup_id
+            seq, time.monotonic(), str(seq), msg.body, headers, msg.fifo_group, msg.dedup_id
         )
 
     def wake(self) -> None:
@@ -193,6 +194,7 @@ class MemoryBackend(Backend):
             dedup_window_configurable=True,
             fan_out=True,
             redelivery_slack=0.05,
+            browse=True,
         )
         self._hub = _Hub.named(name)
 
@@ -204,39 +206,57 @@ class MemoryBackend(Backend):
         name = url.hosts[0].host if url.hosts else ""
         return cls(name, options)
 
-    async def open(self) -> None:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-    async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        q = self._hub.queue(queue, self.options.dedup_window)
+    async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        q = self._hub.queue(queue.name, self.options.dedup_window)
+        log = q.log(queue)
         results = []
         for msg in messages:
             entry = self._hub.new_entry(msg)
-            if msg.dedup_id is not None:
+            if msg.dedup_id is not None and not queue.dead_letters:
                 earlier = q.dedup.claim(msg.dedup_id, entry.id)
                 if earlier is not None:
                     results.append(PublishResult(earlier, duplicate=True))
                     continue
-            q.main.append(entry)
+            log.append(entry)
             results.append(PublishResult(entry.id, duplicate=False))
         return results
+
+    async def declare(self, queue: QueueRef, group: str | None = None) -> None:
+        q = self._hub.queue(queue.name, self.options.dedup_window)
+        if group is not None:
+            q.log(queue).group(group)
+
+    async def browse(self, queue: QueueRef, limit: int) -> list[Delivery[None]]:
+        log = self._hub.queue(queue.name, self.options.dedup_window).log(queue)
+        entries = sorted(log.entries.values(), key=lambda e: e.seq)[:limit]
+        return [
+            Delivery(e.id, e.body, e.headers, e.fifo_group, e.dedup_id, 0, None) for e in entries
+        ]
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        log = self._hub.queue(queue.name, self.options.dedup_window).log(queue)
+        now = time.monotonic()
+        oldest = min((e.born for e in log.entries.values()), default=None)
+        age = None if oldest is None else now - oldest
+        view = log.groups.get(group) if group is not None else None
+        if view is None:  # no such group (yet): everything retained is ready for it
+            return QueueStats(len(log.entries), 0, 0, None, age)
+        ready, leased, delayed = view.book.counts(now)
+        return QueueStats(ready, leased, delayed, None, age)
 
     async def delete_queue(self, queue: str) -> None:
         """Forget the queue (its log, DLQ, groups, dedup memory); the next use starts anew."""
         self._hub.queues.pop(queue, None)
 
     async def subscribe(
-        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
-    ) -> Receiver:
-        q = self._hub.queue(queue, self.options.dedup_window)
-        log = q.dlq if dead_letters else q.main
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> _MemoryReceiver:
+        q = self._hub.queue(queue.name, self.options.dedup_window)
+        log = q.log(queue)
         return _MemoryReceiver(self._hub, q, log, log.group(group), settings)
 
 
-class _MemoryReceiver(Receiver):
+class _MemoryReceiver(Receiver[Leased[int]]):
     def __init__(
         self, hub: _Hub, queue: _Queue, log: _Log, group: _Group, settings: ReceiverSettings
     ) -> None:
@@ -244,117 +264,80 @@ class _MemoryReceiver(Receiver):
         self._queue = queue
         self._log = log
         self._group = group
-        self._settings = settings
-        self._tokens = itertools.count(1)
+        self._lease = settings.ack_timeout
 
-    def _reclaim(self, now: float) -> None:
+    def _take(self, max_messages: int, now: float) -> list[Delivery[Leased[int]]]:
         group = self._group
-        while group.leases and group.leases[0][0] <= now:
-            _, seq, token = heapq.heappop(group.leases)
-            slot = group.slots.get(seq)
-            if slot is None or slot.token != token or slot.deadline > now:
-                continue
-            slot.token = 0
-            fifo = slot.entry.fifo_group
-            if fifo is not None:
-                group.gate.give_back(fifo)
-            heapq.heappush(group.ready, (now, seq))
-
-    def _take(self, max_messages: int, now: float) -> list[Delivery]:
-        group = self._group
-        out: list[Delivery] = []
-        while group.ready and group.ready[0][0] <= now and len(out) < max_messages:
-            _, seq = heapq.heappop(group.ready)
-            slot = group.slots.get(seq)
-            if slot is None or slot.token:
-                continue
-            fifo = slot.entry.fifo_group
-            if fifo is not None:
-                if group.gate.is_busy(fifo) or group.gate.head(fifo) != seq:
-                    continue
-                group.gate.take(fifo)
-            slot.attempts += 1
-            slot.token = next(self._tokens)
-            slot.deadline = now + self._settings.ack_timeout
-            heapq.heappush(group.leases, (slot.deadline, seq, slot.token))
-            entry = slot.entry
+        entries = self._log.entries
+        out: list[Delivery[Leased[int]]] = []
+        for leased in group.book.take(max_messages, now, self._lease):
+            seq = leased.key
+            attempt = group.attempts[seq] = group.attempts.get(seq, 0) + 1
+            entry = entries[seq]
             out.append(
                 Delivery(
                     id=entry.id,
                     body=entry.body,
-                    headers=dict(entry.headers),
+                    headers=entry.headers,
                     fifo_group=entry.fifo_group,
                     dedup_id=entry.dedup_id,
-                    attempt=slot.attempts,
-                    receipt=(seq, slot.token),
+                    attempt=attempt,
+                    receipt=leased,
                 )
             )
         return out
 
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Leased[int]]]:
         end = time.monotonic() + wait
         while True:
             now = time.monotonic()
-            self._reclaim(now)
             out = self._take(max_messages, now)
             if out or now >= end:
                 return out
-            wake = self._group.next_wake()
+            wake = self._group.book.next_wake()
             timeout = end - now if wake is None else min(end, wake) - now
             await self._hub.wait(max(timeout, 0.001))
 
-    def _held_slot(self, delivery: Delivery) -> _Slot:
-        seq, token = delivery.receipt
-        slot = self._group.slots.get(seq)
-        if slot is None or slot.token != token or slot.deadline < time.monotonic():
-            raise LeaseExpired(f"the lease on message {delivery.id!r} was lost")
-        return slot
-
-    def _settle(self, slot: _Slot) -> None:
+    def _settle(self, delivery: Delivery[Leased[int]]) -> None:
+        leased = delivery.receipt
         group = self._group
-        entry = slot.entry
-        del group.slots[entry.seq]
-        if entry.fifo_group is not None:
-            nxt = group.gate.done(entry.fifo_group)
-            if nxt is not None:
-                heapq.heappush(group.ready, (time.monotonic(), nxt))
-        self._log.release_entry(entry)
+        group.book.settle(leased.key, leased.token, time.monotonic())  # LeaseExpired if lost
+        group.attempts.pop(leased.key, None)
+        entry = self._log.entries.get(leased.key)
+        if entry is not None:
+            self._log.release_entry(entry)
         self._hub.wake()
 
-    async def ack(self, delivery: Delivery) -> None:
-        self._settle(self._held_slot(delivery))
+    async def ack(self, delivery: Delivery[Leased[int]]) -> None:
+        self._settle(delivery)
 
-    async def nack(self, delivery: Delivery, delay: float) -> None:
-        slot = self._held_slot(delivery)
-        slot.token = 0
-        if slot.entry.fifo_group is not None:
-            self._group.gate.give_back(slot.entry.fifo_group)
-        heapq.heappush(self._group.ready, (time.monotonic() + delay, slot.entry.seq))
+    async def nack(self, delivery: Delivery[Leased[int]], delay: float) -> None:
+        leased = delivery.receipt
+        now = time.monotonic()
+        self._group.book.requeue(leased.key, leased.token, now + delay, now)
         self._hub.wake()
 
-    async def release(self, deliveries: Sequence[Delivery]) -> None:
+    async def release(self, deliveries: Sequence[Delivery[Leased[int]]]) -> None:
         """Give back deliveries the caller never saw, without counting an attempt."""
+        now = time.monotonic()
         for delivery in deliveries:
-            try:
-                slot = self._held_slot(delivery)
-            except LeaseExpired:
+            leased = delivery.receipt
+            if not self._group.book.holds(leased.key, leased.token, now):
                 continue
-            slot.attempts -= 1
+            self._group.attempts[leased.key] -= 1
             await self.nack(delivery, 0.0)
 
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
-        slot = self._held_slot(delivery)
-        entry = slot.entry
-        copy = self._hub.new_entry(
-            Outgoing(entry.body, entry.fifo_group, None), {**entry.headers, **envelope}
-        )
-        self._queue.dlq.append(copy)  # same step as the settle below: no await in between
-        self._settle(slot)
+    async def dead_letter(
+        self, delivery: Delivery[Leased[int]], copy: Outgoing, publish: PublishCopy
+    ) -> None:
+        """Atomic here: the copy is appended and the original settled in one step."""
+        leased = delivery.receipt
+        if not self._group.book.holds(leased.key, leased.token, time.monotonic()):
+            self._settle(delivery)  # raises LeaseExpired
+        self._queue.dlq.append(self._hub.new_entry(copy))  # no await between the two
+        self._settle(delivery)
 
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
-        slot = self._held_slot(delivery)
-        slot.deadline = time.monotonic() + ack_timeout
-        heapq.heappush(self._group.leases, (slot.deadline, slot.entry.seq, slot.token))
-
-    async def aclose(self) -> None:
-        return None
+    async def extend(self, delivery: Delivery[Leased[int]], ack_timeout: float) -> None:
+        leased = delivery.receipt
+        now = time.monotonic()
+        self._group.book.extend(leased.key, leased.token, now + ack_timeout, now)

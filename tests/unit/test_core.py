@@ -24,10 +24,10 @@ from brokerkit.backends.memory import MemoryBackend
 def test_public_api_is_pinned() -> None:
     assert brokerkit.__all__ == sorted(brokerkit.__all__, key=str)
     assert set(brokerkit.__all__) == {
-        "AlreadySettled", "Broker", "BrokerURL", "BrokerUnavailable", "BrokerkitError",
+        "AlreadySettled", "Broker", "BrokerRefused", "BrokerURL", "BrowsedMessage", "BrokerUnavailable", "BrokerkitError",
         "Capabilities", "ConfigError", "Consumer", "DeadLetterInfo", "InvalidArgument",
         "InvalidMessage", "InvalidName", "LeaseExpired", "Message", "MessageTooLarge",
-        "Outgoing", "PublishResult", "ResourceClosed", "UnsupportedFeature", "__version__",
+        "Outgoing", "PublishResult", "QueueStats", "ResourceClosed", "UnsupportedFeature", "__version__",
         "connect", "from_backend",
     }  # fmt: skip
 
@@ -45,7 +45,7 @@ def test_import_brokerkit_imports_no_driver() -> None:
 def test_error_tree() -> None:
     for name in (
         "ConfigError", "InvalidName", "InvalidArgument", "MessageTooLarge", "UnsupportedFeature",
-        "BrokerUnavailable", "LeaseExpired", "AlreadySettled", "ResourceClosed",
+        "BrokerUnavailable", "BrokerRefused", "LeaseExpired", "AlreadySettled", "ResourceClosed",
     ):  # fmt: skip
         assert issubclass(getattr(brokerkit, name), brokerkit.BrokerkitError)
     assert issubclass(brokerkit.InvalidMessage, brokerkit.InvalidArgument)

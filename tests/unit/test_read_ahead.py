@@ -6,21 +6,22 @@ Pure facade logic, so a scripted in-process backend stands in for a broker.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import brokerkit
-from brokerkit._url import BrokerURL
-from brokerkit.backends.base import (
+from brokerkit.backends import (
     Backend,
+    BrokerURL,
     Capabilities,
     Delivery,
+    QueueRef,
     Receiver,
     ReceiverSettings,
 )
 
 
-class CountingReceiver(Receiver):
+class CountingReceiver(Receiver[int]):
     """Hands out numbered deliveries; records every receive and what was given back."""
 
     def __init__(self, available: int) -> None:
@@ -30,7 +31,7 @@ class CountingReceiver(Receiver):
         self.acked: list[int] = []
         self.released: list[int] = []
 
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[int]]:
         self.calls.append((max_messages, wait))
         n = min(max_messages, self.available - self.next)
         out = [
@@ -41,23 +42,17 @@ class CountingReceiver(Receiver):
             await asyncio.sleep(0)
         return out
 
-    async def ack(self, delivery: Delivery) -> None:
+    async def ack(self, delivery: Delivery[int]) -> None:
         self.acked.append(delivery.receipt)
 
-    async def nack(self, delivery: Delivery, delay: float) -> None:
+    async def nack(self, delivery: Delivery[int], delay: float) -> None:
         raise AssertionError("not used")
 
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+    async def extend(self, delivery: Delivery[int], ack_timeout: float) -> None:
         raise AssertionError("not used")
 
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
-        raise AssertionError("not used")
-
-    async def release(self, deliveries: Sequence[Delivery]) -> None:
+    async def release(self, deliveries: Sequence[Delivery[int]]) -> None:
         self.released += [d.receipt for d in deliveries]
-
-    async def aclose(self) -> None:
-        pass
 
 
 class ScriptedBackend(Backend):
@@ -73,18 +68,12 @@ class ScriptedBackend(Backend):
     def from_url(cls, url: BrokerURL) -> ScriptedBackend:
         raise AssertionError("not used")
 
-    async def open(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-    async def publish(self, queue: str, messages: Sequence[Any]) -> list[Any]:
+    async def publish(self, queue: QueueRef, messages: Sequence[Any]) -> list[Any]:
         raise AssertionError("not used")
 
     async def subscribe(
-        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
-    ) -> Receiver:
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> CountingReceiver:
         return self.receiver
 
 

@@ -1,0 +1,85 @@
+"""Concurrent single publishes against publish_many, on any URL (issue: throughput where
+services feel it).
+
+    python benchmarks/bench_concurrent_publish.py URL [--messages 20000] [--rounds 5]
+        [--concurrency 500] [--size 100]
+
+Per round, interleaved: ``publish_many`` in batches of 500 (one caller), then
+``--concurrency`` tasks each making single ``await broker.publish()`` calls one after
+the other, then one task making single calls (the latency a lone caller sees). Every
+publish is broker-confirmed. Prints medians and each round's figures, the ratio of
+concurrent single publishes to ``publish_many``, and how many calls raised (must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import time
+import uuid
+
+import brokerkit
+from brokerkit._bench import concurrent_publish_rate, publish_rate, round_line, summary
+
+
+async def sequential_latency(
+    broker: brokerkit.Broker, queue: str, count: int, body: bytes
+) -> float:
+    """Median microseconds of one awaited publish with nothing else in flight."""
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await broker.publish(queue, body)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=500)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--latency-samples", type=int, default=300)
+    args = parser.parse_args()
+    body = b"x" * args.size
+    rates: dict[str, list[float]] = {"publish_many": [], f"single x{args.concurrency}": []}
+    latency: list[float] = []
+    errors = 0
+    async with brokerkit.connect(args.url) as broker:
+        for round_no in range(args.rounds):
+            queue = f"bench-cp-{uuid.uuid4().hex[:12]}"
+            rates["publish_many"].append(await publish_rate(broker, queue, args.messages, body))
+            try:
+                rate = await concurrent_publish_rate(
+                    broker, queue, args.messages, body, concurrency=args.concurrency
+                )
+                rates[f"single x{args.concurrency}"].append(rate)
+            except brokerkit.BrokerkitError as exc:
+                errors += 1
+                print(f"round {round_no + 1}: concurrent publishes raised {type(exc).__name__}")
+            latency.append(await sequential_latency(broker, queue, args.latency_samples, body))
+            print(round_line(round_no, rates) + f", lone publish {latency[-1]:.0f} us")
+            with contextlib.suppress(brokerkit.UnsupportedFeature):
+                await broker.delete_queue(queue)
+    title = (
+        f"{broker.url.redacted()}: {args.messages} x {args.size} B, {args.rounds} rounds, "
+        f"rounds that raised: {errors}"
+    )
+    if all(rates.values()):
+        print(
+            summary(
+                rates,
+                [("single/publish_many", f"single x{args.concurrency}", "publish_many")],
+                title=title,
+            )
+        )
+    lat = ", ".join(f"{v:.0f}" for v in latency)
+    print(f"  lone publish median {statistics.median(latency):.0f} us  ({lat})")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

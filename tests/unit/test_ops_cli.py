@@ -1,0 +1,76 @@
+"""The operator commands, end to end on memory:// (one process, so one in-process broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from click.testing import CliRunner
+
+import brokerkit
+from brokerkit._cli import main
+
+URL = "memory://ops-cli"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> str:
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+async def _dead_letter_one(queue: str) -> None:
+    async with brokerkit.connect(URL) as broker, broker.consumer(queue) as consumer:
+        msg = await consumer.__anext__()
+        await msg.dead_letter("bad address")
+
+
+def test_publish_peek_dlq_redrive_stats() -> None:
+    queue = "cli-q"
+    assert "published" in cli("publish", URL, queue, "hello", "--fifo-group", "g", "-H", "k=v")
+    first = cli("peek", URL, queue, "--json")
+    assert first == cli("peek", URL, queue, "--json")  # non-destructive: the same twice
+    [shown] = json.loads(first)
+    assert shown["body"] == {"text": "hello"} and shown["headers"] == {"k": "v"}
+    asyncio.run(_dead_letter_one(queue))
+    dead = json.loads(cli("dlq", URL, queue, "--json"))
+    assert [d["dead_letter"]["reason"] for d in dead] == ["bad address"]
+    twice = [cli("peek", URL, queue, "--dlq", "--json") for _ in range(2)]
+    assert twice[0] == twice[1] and json.loads(twice[0])[0]["dead_letter"]["attempts"] == 1
+    stats = json.loads(cli("stats", URL, queue, "--json"))[queue]
+    assert (stats["ready"], stats["dead"]) == (0, 1)
+    assert "moved 1 message(s)" in cli("redrive", URL, queue, "--yes")
+    stats = json.loads(cli("stats", URL, queue, "--json"))[queue]
+    assert (stats["ready"], stats["dead"]) == (1, 0)
+    assert "hello" in cli("peek", URL, queue)
+
+
+def test_the_url_comes_from_the_environment_when_not_given() -> None:
+    env = {"BROKERKIT_URL": URL}
+    cli("publish", "env-q", "from env", env=env)
+    assert "from env" in cli("peek", "env-q", env=env)
+    assert "declared 'env-q2' with group 'g'" in cli("declare", "env-q2", "--group", "g", env=env)
+
+
+def test_bodies_are_shown_safely() -> None:
+    cli("publish", URL, "safe-q", "line1\nline2\x1b[31m")
+    out = cli("peek", URL, "safe-q")
+    assert "\x1b" not in out and "line1\\nline2\\x1b[31m" in out
+
+
+def test_bad_input_is_a_clear_error() -> None:
+    result = CliRunner().invoke(main, ["publish", URL, "bad.name", "x"])
+    assert result.exit_code != 0 and "InvalidName" in result.output
+    result = CliRunner().invoke(main, ["peek", "q"], env={"BROKERKIT_URL": ""})
+    assert result.exit_code == 2 and "BROKERKIT_URL" in result.output
+
+
+def test_bench_refuses_numbers_that_cannot_measure_anything() -> None:
+    for args in (["--messages", "0"], ["--messages", "1"], ["--rounds", "0"], ["--size", "-1"]):
+        result = CliRunner().invoke(main, ["bench", URL, *args])
+        assert result.exit_code == 2 and "Invalid value" in result.output, args
+
+
+def test_bench_reports_spread() -> None:
+    out = cli("bench", URL, "--messages", "200", "--rounds", "2", "--concurrency", "10")
+    assert "min" in out and "max" in out and "publish x10" in out

@@ -11,12 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 import brokerkit
-from brokerkit.backends.base import Backend, Delivery, Receiver, ReceiverSettings
+from brokerkit.backends import (
+    Backend,
+    Delivery,
+    PublishCopy,
+    QueueRef,
+    Receiver,
+    ReceiverSettings,
+)
 from contract_tests._helpers import (
     WAIT,
     absence_window,
@@ -29,12 +37,14 @@ from contract_tests._helpers import (
 LEASE = 1.0
 
 
-async def _subscribe(backend: Backend, queue: str, group: str) -> Receiver:
-    settings = ReceiverSettings(ack_timeout=LEASE, max_attempts=10, prefetch=1)
-    return await backend.subscribe(queue, group, settings)
+async def _subscribe(backend: Backend, queue: str, group: str) -> Receiver[Any]:
+    settings = ReceiverSettings(ack_timeout=LEASE)
+    return await backend.subscribe(QueueRef(queue), group, settings)
 
 
-async def _first(receivers: Sequence[Receiver], timeout: float) -> tuple[Receiver, Delivery]:
+async def _first(
+    receivers: Sequence[Receiver[Any]], timeout: float
+) -> tuple[Receiver[Any], Delivery[Any]]:
     """The first delivery any of ``receivers`` leases (in the order given), and which one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -72,36 +82,34 @@ async def test_seam_receiver_refuses_a_stale_settle_after_redelivery(
         await first.aclose()
         await second.aclose()
     async with broker.consumer(queue, group, ack_timeout=LEASE) as consumer:
-        again = await _nothing(consumer)
+        again = await nothing_within(consumer, absence_window(broker, LEASE))
         assert again is None, f"acked through the seam, delivered again: {again!r}"
 
 
-async def _nothing(consumer: brokerkit.Consumer) -> brokerkit.Message | None:
-    return await nothing_within(consumer, absence_window(consumer.broker, LEASE))
-
-
-class _Forwarding(Receiver):
+class _Forwarding(Receiver[Any]):
     """A receiver that forwards every call to the URL's own receiver."""
 
-    def __init__(self, inner: Receiver) -> None:
+    def __init__(self, inner: Receiver[Any]) -> None:
         self.inner = inner
 
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
         return await self.inner.receive(max_messages, wait)
 
-    async def ack(self, delivery: Delivery) -> None:
+    async def ack(self, delivery: Delivery[Any]) -> None:
         await self.inner.ack(delivery)
 
-    async def nack(self, delivery: Delivery, delay: float) -> None:
+    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
         await self.inner.nack(delivery, delay)
 
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
-        await self.inner.dead_letter(delivery, envelope)
+    async def dead_letter(
+        self, delivery: Delivery[Any], copy: brokerkit.Outgoing, publish: PublishCopy
+    ) -> None:
+        await self.inner.dead_letter(delivery, copy, publish)
 
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
         await self.inner.extend(delivery, ack_timeout)
 
-    async def release(self, deliveries: Sequence[Delivery]) -> None:
+    async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
         await self.inner.release(deliveries)
 
     async def aclose(self) -> None:
@@ -111,19 +119,21 @@ class _Forwarding(Receiver):
 class _LaxReceiver(_Forwarding):
     """Never says LeaseExpired: the facade alone must notice a lost lease."""
 
-    async def ack(self, delivery: Delivery) -> None:
+    async def ack(self, delivery: Delivery[Any]) -> None:
         with contextlib.suppress(brokerkit.LeaseExpired):
             await self.inner.ack(delivery)
 
-    async def nack(self, delivery: Delivery, delay: float) -> None:
+    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
         with contextlib.suppress(brokerkit.LeaseExpired):
             await self.inner.nack(delivery, delay)
 
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+    async def dead_letter(
+        self, delivery: Delivery[Any], copy: brokerkit.Outgoing, publish: PublishCopy
+    ) -> None:
         with contextlib.suppress(brokerkit.LeaseExpired):
-            await self.inner.dead_letter(delivery, envelope)
+            await self.inner.dead_letter(delivery, copy, publish)
 
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
         with contextlib.suppress(brokerkit.LeaseExpired):
             await self.inner.extend(delivery, ack_timeout)
 
@@ -132,7 +142,7 @@ class _SlowReplyReceiver(_Forwarding):
     """Its receive leases, then waits for the reply: exactly as cancellation-safe as the
     seam demands (a cancel after the lease loses the batch until the lease ends)."""
 
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
         got = await self.inner.receive(max_messages, wait)
         if got:
             await asyncio.sleep(0.005)  # the broker leased them; the reply is on its way
@@ -158,7 +168,7 @@ class _Wrapped(Backend):
         await self.inner.aclose()
 
     async def publish(
-        self, queue: str, messages: Sequence[brokerkit.Outgoing]
+        self, queue: QueueRef, messages: Sequence[brokerkit.Outgoing]
     ) -> list[brokerkit.PublishResult]:
         return await self.inner.publish(queue, messages)
 
@@ -166,10 +176,9 @@ class _Wrapped(Backend):
         await self.inner.delete_queue(queue)
 
     async def subscribe(
-        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
-    ) -> Receiver:
-        inner = await self.inner.subscribe(queue, group, settings, dead_letters=dead_letters)
-        return self.receiver(inner)
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> Receiver[Any]:
+        return self.receiver(await self.inner.subscribe(queue, group, settings))
 
 
 def _wrapped(broker_url: str, receiver: type[_Forwarding]) -> brokerkit.Broker:

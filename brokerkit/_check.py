@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerkit._errors import ConfigError
+from brokerkit._redact import RedactingStream
 from brokerkit._url import BrokerURL
 
 PASS, FAIL, UNSUPPORTED, NOT_RUN = "pass", "fail", "unsupported", "not run"
@@ -105,6 +106,12 @@ def _judge(tests: list[_Test], unsupported_prefix: str) -> tuple[str, list[str],
     return PASS, features, True
 
 
+def _verbose(pytest_args: list[str] | None) -> bool:
+    return any(
+        a == "--verbose" or (a.startswith("-v") and a.strip("v") == "-") for a in pytest_args or []
+    )
+
+
 def run_check(
     url: str, *, pytest_args: list[str] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -131,14 +138,19 @@ def run_check(
         str(suite),
         "-p",
         "no:cacheprovider",
-        "-q",
+        *([] if _verbose(pytest_args) else ["-q"]),  # -q would cancel a -v given after --
         "--run-slow",
+        "--no-env-urls",  # check URL checks URL alone, whatever BROKERKIT_URLS says
         "--broker-url",
         url,
         *(pytest_args or []),
     ]
-    with contextlib.redirect_stdout(sys.stderr):
-        exit_code = pytest.main(args, plugins=[collector])
+    output = RedactingStream(sys.stderr, parsed.secrets())  # the suite redacts its reports;
+    with contextlib.redirect_stdout(output):  # this catches whatever else pytest prints
+        try:
+            exit_code = pytest.main(args, plugins=[collector])
+        finally:
+            output.flush()
     results: dict[str, str] = {}
     lacking: dict[str, list[str]] = {}
     ok = int(exit_code) in (0, 1) and not collector.collection_errors

@@ -1,23 +1,47 @@
-"""The ``brokerkit`` command: demo, check, bench."""
+"""The ``brokerkit`` command: demo, check, bench.
+
+Everything a command prints is credential-free (CONTRACT.md section 1): URLs only
+redacted, errors with their whole cause chain through :func:`describe_error`, log
+lines (``--log-level``) through a redacting formatter.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 import sys
+from typing import TypeVar
 
 import click
 
-from brokerkit._errors import BrokerkitError
+from brokerkit._guard import guarded as _guarded
+from brokerkit._guard import shown as _shown
+from brokerkit._redact import RedactingFormatter
 
 DEFAULT_URL = "memory://"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+T = TypeVar("T")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="brokerkit")
-def main() -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=None,
+    help="Log to stderr at this level (redacted), brokerkit's and its client libraries'.",
+)
+def main(log_level: str | None) -> None:
     """brokerkit: one producer/consumer API on Redis, SQS, Kafka, RabbitMQ and NATS."""
+    if log_level is not None:
+        handler = logging.StreamHandler()
+        handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(log_level.upper())
 
 
 @main.command()
@@ -26,31 +50,28 @@ def demo(url: str) -> None:
     """Run the signup-email worker scenario against URL (default memory://)."""
     from brokerkit._demo import run_demo
 
-    try:
-        ok = asyncio.run(run_demo(url))
-    except BrokerkitError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    ok = _guarded(url, lambda: asyncio.run(run_demo(url)))
     sys.exit(0 if ok else 1)
 
 
 @main.command()
 @click.argument("url", default=DEFAULT_URL)
+@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (CONTRACT.md §9).")
 @click.option("-k", "select", default=None, help="Only tests matching this pytest expression.")
-def check(url: str, as_json: bool, select: str | None) -> None:
+def check(url: str, pytest_args: tuple[str, ...], as_json: bool, select: str | None) -> None:
     """Run the contract suite against URL and report each behaviour.
 
     Exit status 0 only when every selected test passed (or skipped for an optional
     feature that capabilities declares absent). A behaviour passes only when all its
     tests ran and passed; one with a test deselected by -k is "not run". Slow tests
-    (the dedup window of a broker that fixes it) run too.
+    (the dedup window of a broker that fixes it) run too. More pytest options go
+    after ``--``: ``brokerkit check URL -- -v --tb=long``.
     """
     from brokerkit._check import run_check
 
-    try:
-        summary, failures = run_check(url, pytest_args=["-k", select] if select else None)
-    except BrokerkitError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    args = [*(["-k", select] if select else []), *pytest_args]
+    summary, failures = _guarded(url, lambda: run_check(url, pytest_args=args or None))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
@@ -104,8 +125,9 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
     """
     from brokerkit._bench import run_bench
 
-    try:
-        result = asyncio.run(
+    result = _guarded(
+        url,
+        lambda: asyncio.run(
             run_bench(
                 url,
                 messages=messages,
@@ -114,10 +136,9 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
                 prefetch=prefetch,
                 concurrency=concurrency,
             )
-        )
-    except BrokerkitError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
-    click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds (msgs/s)")
+        ),
+    )
+    click.echo(f"brokerkit bench {_shown(url)}: {messages} x {size} B, {rounds} rounds (msgs/s)")
     series = {"publish": result.publish, "consume+ack": result.consume}
     if result.concurrent:
         series[f"publish x{concurrency}"] = result.concurrent

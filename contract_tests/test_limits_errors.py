@@ -14,6 +14,7 @@ import pytest
 import brokerkit
 from contract_tests._helpers import (
     WAIT,
+    SecretURL,
     eventually,
     nothing_within,
     receive,
@@ -141,10 +142,11 @@ def _dead_url(broker_url: str) -> tuple[str, int] | None:
     port = _closed_port()
     if parsed.hosts:
         hosts = ",".join(str(h) for h in parsed.hosts)
-        return broker_url.replace(hosts, f"127.0.0.1:{port}", 1), port
+        return SecretURL(broker_url.replace(hosts, f"127.0.0.1:{port}", 1)), port
     endpoint = parse_qs(urlsplit(broker_url).query).get("endpoint", [""])[0]
     if endpoint:  # endpoint-style URLs (sqs://?endpoint=http://host:port)
-        return broker_url.replace(urlsplit(endpoint).netloc, f"127.0.0.1:{port}", 1), port
+        netloc = urlsplit(endpoint).netloc
+        return SecretURL(broker_url.replace(netloc, f"127.0.0.1:{port}", 1)), port
     return None
 
 

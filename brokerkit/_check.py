@@ -12,31 +12,98 @@ from brokerkit._errors import ConfigError
 from brokerkit._redact import RedactingStream
 from brokerkit._url import BrokerURL
 
-PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
+PASS, FAIL, UNSUPPORTED, NOT_RUN = "pass", "fail", "unsupported", "not run"
+
+
+@dataclass
+class _Test:
+    """One collected test of a behaviour: selected or not, and how each phase ended."""
+
+    behaviour: str
+    selected: bool = True
+    outcome: str | None = None  # "passed", "failed", "skipped"; None while it has not run
+    skip_reason: str = ""
 
 
 @dataclass
 class _Collector:
-    """A pytest plugin object: maps each test to its behaviour and records outcomes."""
+    """A pytest plugin object: maps each test to its behaviour and records outcomes.
 
-    behaviour_of: dict[str, str] = field(default_factory=dict)
-    outcomes: dict[str, list[str]] = field(default_factory=dict)
+    Every collected test of a behaviour is remembered, so one deselected (``-k``) or
+    never reached (an interrupted run) leaves a trace instead of vanishing.
+    """
+
+    tests: dict[str, _Test] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    collection_errors: list[str] = field(default_factory=list)
 
-    def pytest_collection_modifyitems(self, items: list[Any]) -> None:
+    def pytest_itemcollected(self, item: Any) -> None:
+        marker = item.get_closest_marker("behaviour")
+        if marker is not None:
+            self.tests[item.nodeid] = _Test(marker.args[0])
+
+    def pytest_deselected(self, items: list[Any]) -> None:
         for item in items:
-            marker = item.get_closest_marker("behaviour")
-            if marker is not None:
-                self.behaviour_of[item.nodeid] = marker.args[0]
+            test = self.tests.get(item.nodeid)
+            if test is not None:
+                test.selected = False
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.collection_errors.append(report.nodeid or "(collection)")
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        behaviour = self.behaviour_of.get(report.nodeid)
-        if behaviour is None:
+        test = self.tests.get(report.nodeid)
+        if test is None:
             return
-        if report.when == "call" or report.outcome != "passed":
-            self.outcomes.setdefault(behaviour, []).append(report.outcome)
-            if report.outcome == "failed":
+        if report.failed:
+            if test.outcome != "failed":
                 self.failures.append(report.nodeid)
+            test.outcome = "failed"
+        elif report.skipped and test.outcome != "failed":
+            test.outcome = "skipped"
+            test.skip_reason = _skip_reason(report)
+        elif report.when == "call" and test.outcome is None:
+            test.outcome = "passed"
+
+
+def _skip_reason(report: Any) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        reason = str(longrepr[2])
+        return reason.removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _judge(tests: list[_Test], unsupported_prefix: str) -> tuple[str, list[str], bool]:
+    """One behaviour's result, the optional features it lacks, and whether all selected passed.
+
+    Pass only when every test of the behaviour was selected, ran and passed, or skipped
+    because ``capabilities`` declares an optional feature absent. A deselected or unreached
+    test makes it "not run"; a failure or any other skip makes it "fail".
+    """
+    selected = [t for t in tests if t.selected]
+    features = sorted(
+        {
+            t.skip_reason.removeprefix(unsupported_prefix).split(":", 1)[0]
+            for t in selected
+            if t.outcome == "skipped" and t.skip_reason.startswith(unsupported_prefix)
+        }
+    )
+    bad = [
+        t
+        for t in selected
+        if t.outcome == "failed"
+        or (t.outcome == "skipped" and not t.skip_reason.startswith(unsupported_prefix))
+    ]
+    if bad:
+        return FAIL, features, False
+    unreached = [t for t in selected if t.outcome is None]
+    if not selected or unreached or len(selected) < len(tests):
+        return NOT_RUN, features, not unreached
+    if all(t.outcome == "skipped" for t in selected):
+        return UNSUPPORTED, features, True
+    return PASS, features, True
 
 
 def _verbose(pytest_args: list[str] | None) -> bool:
@@ -81,21 +148,39 @@ def run_check(
     output = RedactingStream(sys.stderr, parsed.secrets())  # the suite redacts its reports;
     with contextlib.redirect_stdout(output):  # this catches whatever else pytest prints
         try:
-            pytest.main(args, plugins=[collector])
+            exit_code = pytest.main(args, plugins=[collector])
         finally:
             output.flush()
     results: dict[str, str] = {}
+    lacking: dict[str, list[str]] = {}
+    ok = int(exit_code) in (0, 1) and not collector.collection_errors
     for behaviour in contract_tests.BEHAVIOURS:
-        outcomes = collector.outcomes.get(behaviour, [])
-        if "failed" in outcomes or "passed" not in outcomes:
-            results[behaviour] = FAIL  # a mandatory behaviour with no passing test has failed
-        else:
-            results[behaviour] = PASS
+        tests = [t for t in collector.tests.values() if t.behaviour == behaviour]
+        result, features, selected_passed = _judge(tests, contract_tests.UNSUPPORTED)
+        if result == NOT_RUN and collector.collection_errors:
+            result = FAIL  # a module that did not import may hold this behaviour's tests
+        results[behaviour] = result
+        if features:
+            lacking[behaviour] = features
+        ok = ok and selected_passed and result != FAIL
+    if not any(t.selected for t in collector.tests.values()):
+        ok = False  # nothing ran: no evidence of anything
     summary = {
         "url": parsed.redacted(),
         "backend": f"{backend.__module__}.{backend.__qualname__}",
         "results": results,
         "passed": sum(1 for r in results.values() if r == PASS),
         "failed": sum(1 for r in results.values() if r == FAIL),
+        "not_run": sum(1 for r in results.values() if r == NOT_RUN),
+        "unsupported": lacking,
+        "ok": ok,
     }
-    return summary, collector.failures
+    failures = collector.failures + [f"collection error: {e}" for e in collector.collection_errors]
+    failures += [
+        f"skipped (not an optional feature): {nodeid}: {t.skip_reason}"
+        for nodeid, t in collector.tests.items()
+        if t.selected
+        and t.outcome == "skipped"
+        and not t.skip_reason.startswith(contract_tests.UNSUPPORTED)
+    ]
+    return summary, failures

@@ -62,8 +62,10 @@ def demo(url: str) -> None:
 def check(url: str, pytest_args: tuple[str, ...], as_json: bool, select: str | None) -> None:
     """Run the contract suite against URL and report each behaviour.
 
-    Exit status 0 only when every mandatory behaviour passes. Slow tests (the
-    dedup window of a broker that fixes it) run too. More pytest options go
+    Exit status 0 only when every selected test passed (or skipped for an optional
+    feature that capabilities declares absent). A behaviour passes only when all its
+    tests ran and passed; one with a test deselected by -k is "not run". Slow tests
+    (the dedup window of a broker that fixes it) run too. More pytest options go
     after ``--``: ``brokerkit check URL -- -v --tb=long``.
     """
     from brokerkit._check import run_check
@@ -75,11 +77,15 @@ def check(url: str, pytest_args: tuple[str, ...], as_json: bool, select: str | N
     else:
         click.echo(f"\nbrokerkit check {summary['url']}  ({summary['backend']})")
         for behaviour, result in summary["results"].items():
-            click.echo(f"  {behaviour:<20} {result}")
-        click.echo(f"{summary['passed']} passed, {summary['failed']} failed")
+            lacking = summary["unsupported"].get(behaviour)
+            note = f"  (unsupported: {', '.join(lacking)})" if lacking else ""
+            click.echo(f"  {behaviour:<20} {result}{note}")
+        click.echo(
+            f"{summary['passed']} passed, {summary['failed']} failed, {summary['not_run']} not run"
+        )
         for nodeid in failures:
             click.echo(f"  failed: {nodeid}", err=True)
-    sys.exit(0 if summary["failed"] == 0 else 1)
+    sys.exit(0 if summary["ok"] else 1)
 
 
 @main.command()

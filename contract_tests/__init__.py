@@ -24,3 +24,10 @@ BEHAVIOURS = (
     "errors",
 )
 """The behaviours of CONTRACT.md section 9, in the order ``brokerkit check`` prints them."""
+
+UNSUPPORTED = "unsupported: "
+"""How a test says it cannot run because ``capabilities`` declares an optional feature absent.
+
+A test skips with this prefix (``_helpers.unsupported``) and nothing else: ``brokerkit
+check`` counts any other skip as a failure, since no mandatory behaviour may be skipped.
+"""

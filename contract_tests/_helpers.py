@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlsplit
 
+import pytest
+
 import brokerkit
+from contract_tests import UNSUPPORTED
 
 SCALE = float(os.environ.get("BROKERKIT_TIMEOUT_SCALE", "1"))
 """Multiply every deadline (slow machines, remote brokers)."""
@@ -124,3 +132,97 @@ async def nothing_within(consumer: brokerkit.Consumer, seconds: float) -> broker
 def redelivery_deadline(broker: brokerkit.Broker, ack_timeout: float) -> float:
     """How long a lease expiry or nack may take to show up again, from capabilities."""
     return ((ack_timeout + broker.capabilities.redelivery_slack) * 2 + 5.0) * SCALE
+
+
+def unsupported(feature: str, why: str) -> NoReturn:
+    """Skip: ``capabilities`` declares the optional ``feature`` absent (``why`` says where).
+
+    The only skip ``brokerkit check`` accepts; the behaviour then reports the feature as
+    unsupported. Never for a mandatory behaviour.
+    """
+    pytest.skip(f"{UNSUPPORTED}{feature}: {why}")
+
+
+def in_process(url: str) -> bool:
+    """True for ``memory://``: its broker lives in this process, so no other process sees it."""
+    return brokerkit.BrokerURL.parse(url).scheme == "memory"
+
+
+_ROOT = str(Path(brokerkit.__file__).resolve().parents[1])
+"""Where this process's brokerkit lives: the child imports the same one (a mutant too)."""
+_CHILD = str(Path(__file__).resolve().with_name("_child.py"))
+
+
+class Child:
+    """A child process (``_child.py``) on the real URL, running this process's brokerkit."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, *args: str) -> Child:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            _CHILD,
+            *(a.secret_url() if isinstance(a, SecretURL) else a for a in args),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        return cls(proc)
+
+    async def line(self, timeout: float = WAIT) -> str:
+        """The child's next line of output; fail (with its stderr) if it dies or dawdles."""
+        assert self.proc.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        except TimeoutError:
+            raw = b""
+        if not raw:
+            self.kill()
+            await self.proc.wait()
+            err = b""
+            if self.proc.stderr is not None:
+                err = await self.proc.stderr.read()
+            raise AssertionError(
+                f"child said nothing within {timeout:.1f}s:\n{err.decode()[-3000:]}"
+            )
+        return raw.decode().strip()
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+
+    def kill(self) -> None:
+        """SIGKILL: no close, no nack, no flush; the broker sees a consumer vanish."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+
+    async def reap(self) -> None:
+        self.kill()
+        await self.proc.wait()
+
+
+LATE = 0.25 * SCALE
+"""What a measured due time may exceed ``capabilities.redelivery_slack`` by: this machine's
+scheduling and a network round trip, never a second lease."""
+
+EARLY = 0.05 * SCALE
+"""What a measured due time may fall short by: the lease clock starts a round trip before
+the client sees the message."""
+
+
+def latest(broker: brokerkit.Broker, due_in: float) -> float:
+    """The latest a redelivery due ``due_in`` seconds from now may show up (measured bound)."""
+    return due_in + broker.capabilities.redelivery_slack + LATE
+
+
+def absence_window(broker: brokerkit.Broker, ack_timeout: float) -> float:
+    """How long to watch for a message that must be gone: past a lease left behind."""
+    return ack_timeout + broker.capabilities.redelivery_slack + LATE + 0.5

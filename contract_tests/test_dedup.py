@@ -9,7 +9,16 @@ from collections.abc import Callable
 import pytest
 
 import brokerkit
-from contract_tests._helpers import WAIT, eventually, nothing_within, receive, receive_n, with_param
+from contract_tests._helpers import (
+    WAIT,
+    Child,
+    eventually,
+    in_process,
+    nothing_within,
+    receive,
+    receive_n,
+    with_param,
+)
 from contract_tests.conftest import Connect
 
 
@@ -54,34 +63,68 @@ async def test_dedup_ids_are_per_queue_and_absent_ids_never_dedup(
         assert bodies == [b"a", b"plain", b"plain"]
 
 
+SHORT_WINDOW = 2.0
+"""The window the suite configures where ``dedup_window_configurable``."""
+
+
+async def _windowed(
+    request: pytest.FixtureRequest, broker_url: str, connect: Connect
+) -> tuple[brokerkit.Broker, float]:
+    """A connection with a short dedup window where it is configurable, else the broker's own.
+
+    The broker's own (fixed) window is long (SQS: 300 s): such a test is slow and runs with
+    ``--run-slow``, which ``brokerkit check`` and ``scripts/test-all`` always pass.
+    """
+    probe = await connect()
+    if probe.capabilities.dedup_window_configurable:
+        broker = await connect(with_param(broker_url, "dedup_window", f"{SHORT_WINDOW:g}"))
+        assert broker.capabilities.dedup_window == SHORT_WINDOW
+        return broker, SHORT_WINDOW
+    if not request.config.getoption("--run-slow"):
+        pytest.skip("slow: the broker fixes its dedup window; pass --run-slow")
+    return probe, probe.capabilities.dedup_window
+
+
 @pytest.mark.behaviour("dedup window")
 async def test_dedup_window_expires_and_the_id_is_delivered_again(
-    broker_url: str, connect: Connect, queue: str, group: str
+    request: pytest.FixtureRequest, broker_url: str, connect: Connect, queue: str, group: str
 ) -> None:
-    probe = await connect()
-    if not probe.capabilities.dedup_window_configurable:
-        pytest.skip("fixed window: covered by the slow test")
-    window = 2.0
-    broker = await connect(with_param(broker_url, "dedup_window", "2"))
-    assert broker.capabilities.dedup_window == window
+    broker, window = await _windowed(request, broker_url, connect)
     published = time.monotonic()
     await broker.publish(queue, b"one", dedup_id="tick")
     await broker.publish(queue, b"dup", dedup_id="tick")  # inside the window
     await _expect_redelivery_after(broker, queue, group, published, window)
 
 
-@pytest.mark.slow
 @pytest.mark.behaviour("dedup window")
-async def test_dedup_window_fixed_by_the_broker_expires(
-    broker: brokerkit.Broker, queue: str, group: str
+async def test_dedup_window_is_fixed_from_the_first_publish_not_sliding(
+    request: pytest.FixtureRequest, broker_url: str, connect: Connect, queue: str, group: str
 ) -> None:
-    if broker.capabilities.dedup_window_configurable:
-        pytest.skip("configurable window: proven fast by the test above")
-    window = broker.capabilities.dedup_window
+    """Repeats inside the window do not extend it; many ids expiring at once all expire."""
+    broker, window = await _windowed(request, broker_url, connect)
+    ids = [f"exp-{i}" for i in range(6)]
     published = time.monotonic()
-    await broker.publish(queue, b"one", dedup_id="tick")
-    await broker.publish(queue, b"dup", dedup_id="tick")
-    await _expect_redelivery_after(broker, queue, group, published, window)
+    for dedup_id in ids:
+        await broker.publish(queue, b"one", dedup_id=dedup_id)
+    await eventually(
+        lambda: time.monotonic() > published + window * 0.6,
+        timeout=window + WAIT,
+        what="0.6 window",
+    )
+    repeated = await broker.publish(queue, b"dup", dedup_id=ids[0])  # would slide a sliding window
+    assert repeated.duplicate in (True, None)
+    await eventually(
+        lambda: time.monotonic() > published + window + 0.5, timeout=window + WAIT, what="window"
+    )
+    async with broker.consumer(queue, group) as consumer:
+        first = sorted(m.dedup_id or "" for m in await receive_n(consumer, len(ids)))
+        assert first == sorted(ids)
+        for dedup_id in reversed(ids):  # last in first: expiry must not stop at the oldest
+            again = await broker.publish(queue, b"two", dedup_id=dedup_id)
+            assert again.duplicate in (False, None), f"{dedup_id} outlived its window"
+        second = await receive_n(consumer, len(ids))
+        assert sorted(m.dedup_id or "" for m in second) == sorted(ids)
+        assert {m.body for m in second} == {b"two"}, "a repeat inside the window was delivered"
 
 
 async def _expect_redelivery_after(
@@ -115,11 +158,50 @@ async def test_dedup_race_concurrent_publishers_give_one_delivery(
     ]
     results = await asyncio.gather(*tasks)
     assert sum(1 for r in results if r.duplicate is False) <= 1
-    async with conns[0].consumer(queue, group) as consumer:
+    await _exactly_one_raced(conns[0], queue, group)
+
+
+@pytest.mark.behaviour("dedup race")
+async def test_dedup_race_from_several_processes_gives_one_delivery(
+    broker_url: str, broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    """Four processes, each with its own connection, publish one dedup id at the same moment.
+
+    ``memory://`` is in-process: no other process can reach its broker, so there four
+    connections of this process race instead (one event loop: the coroutine race above
+    is all the interleaving it can have).
+    """
+    if in_process(broker_url):
+        conns = [brokerkit.connect(broker_url) for _ in range(4)]
+        try:
+            await asyncio.gather(*(c.open() for c in conns))
+            await asyncio.gather(
+                *(c.publish(queue, b"raced", dedup_id="race-p") for c in conns for _ in range(3))
+            )
+        finally:
+            await asyncio.gather(*(c.aclose() for c in conns))
+    else:
+        children = [await Child.start("race", broker_url, queue, "race-p", "3") for _ in range(4)]
+        try:
+            for child in children:
+                assert await child.line() == "ready"
+            for child in children:
+                child.send("go")
+            said = [await child.line() for child in children]
+        finally:
+            for child in children:
+                await child.reap()
+        winners = sum(int(line.split()[1]) for line in said)
+        assert winners <= 1, f"{winners} publishes said duplicate=False: {said}"
+    await _exactly_one_raced(broker, queue, group)
+
+
+async def _exactly_one_raced(broker: brokerkit.Broker, queue: str, group: str) -> None:
+    async with broker.consumer(queue, group) as consumer:
         msg = await receive(consumer)
         assert msg.body == b"raced"
         await msg.ack()
-        await conns[0].publish(queue, b"sentinel")
+        await broker.publish(queue, b"sentinel")
         nxt = await receive(consumer)
         assert nxt.body == b"sentinel", f"a raced duplicate was delivered: {nxt!r}"
         await nxt.ack()

@@ -11,10 +11,14 @@ from collections import defaultdict
 import pytest
 
 import brokerkit
-from contract_tests._helpers import WAIT, receive, receive_n
+from contract_tests._helpers import EARLY, SCALE, WAIT, receive, receive_n
 from contract_tests.conftest import Connect
 
 GROUPS = ("cust.1", "a*b>", "x/y:z", "plain")
+
+PARALLEL_OVERHEAD = 0.2 * SCALE
+"""What a run of parallel handlers may take beyond the ideal: fetches, acks, scheduling.
+Measured at most 0.022 s on memory, redis, nats and kafka on a 2-core box."""
 
 
 @pytest.mark.behaviour("FIFO order")
@@ -46,12 +50,16 @@ async def test_fifo_nacked_message_comes_back_before_later_ones(
     await broker.publish_many(
         queue, [brokerkit.Outgoing(f"{i}".encode(), fifo_group="g.1") for i in range(3)]
     )
+    delay = 1.0
     async with broker.consumer(queue, group) as consumer:
         first = await receive(consumer)
         assert first.body == b"0"
-        await first.nack(delay=0.5)
+        nacked = time.monotonic()
+        await first.nack(delay=delay)
         again = await receive(consumer)
+        waited = time.monotonic() - nacked
         assert (again.body, again.attempt) == (b"0", 2)
+        assert waited >= delay - EARLY, f"a group's head came back {waited:.2f}s into a 1s delay"
         await again.dead_letter("skip it")  # a dead-lettered message lets the group move on
         rest = await receive_n(consumer, 2)
         assert [m.body for m in rest] == [b"1", b"2"]
@@ -153,9 +161,14 @@ async def test_fifo_parallelism_groups_run_in_parallel(
         ],
     )
     wall = await _timed_concurrent_run(broker, queue, group, groups * per_group, work)
-    serial_sum = groups * per_group * work
-    assert wall < serial_sum / 2, f"{wall:.2f}s for {groups} groups; serial sum {serial_sum:.2f}s"
-    assert wall >= per_group * work - 0.05  # each group itself stayed serial
+    slowest = per_group * work  # every group at once: the slowest group's serial time
+    # measured on a 2-core box: 0.752-0.772 s on memory, redis, nats and kafka (ideal 0.75);
+    # five groups at once instead of six would take 1.0 s
+    assert wall <= slowest + PARALLEL_OVERHEAD, (
+        f"{wall:.2f}s for {groups} groups of {per_group} x {work}s; the slowest group "
+        f"alone takes {slowest:.2f}s"
+    )
+    assert wall >= slowest - EARLY  # each group itself stayed serial
 
 
 @pytest.mark.behaviour("FIFO parallelism")
@@ -165,4 +178,7 @@ async def test_fifo_parallelism_messages_without_group_are_fully_parallel(
     count, work = 8, 0.5
     await broker.publish_many(queue, [brokerkit.Outgoing(b"free") for _ in range(count)])
     wall = await _timed_concurrent_run(broker, queue, group, count, work)
-    assert wall < count * work / 2, f"{wall:.2f}s for {count} ungrouped messages of {work}s"
+    # measured: 0.501-0.506 s everywhere (ideal 0.5); four at a time would take 1.0 s
+    assert wall <= work + PARALLEL_OVERHEAD, (
+        f"{wall:.2f}s for {count} ungrouped messages of {work}s: not all at once"
+    )

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 import brokerkit
-from contract_tests._helpers import WAIT, nothing_within, receive, receive_n, redelivery_deadline
+from contract_tests._helpers import (
+    EARLY,
+    WAIT,
+    Child,
+    absence_window,
+    in_process,
+    latest,
+    nothing_within,
+    receive,
+    receive_n,
+    redelivery_deadline,
+)
 from contract_tests.conftest import Connect
 
 
@@ -46,13 +58,39 @@ async def test_lease_expiry_redelivers_to_the_group_and_late_settle_raises(
         b.consumer(queue, group, ack_timeout=ack_timeout, close_timeout=0) as other,
     ):
         _, held = await _first_of(hung, other, timeout=WAIT)
+        received = time.monotonic()
         assert held.attempt == 1
         # the holder never settles; the message must come back to some consumer of the group
         _, again = await _first_of(hung, other, timeout=redelivery_deadline(a, ack_timeout))
+        after = time.monotonic() - received
         assert (again.id, again.body, again.attempt) == (held.id, b"hung", 2)
+        assert after >= ack_timeout - EARLY, f"redelivered {after:.2f}s in, before the lease ended"
+        assert after <= latest(a, ack_timeout), (
+            f"redelivered {after:.2f}s after a {ack_timeout}s lease began; "
+            f"redelivery_slack is {a.capabilities.redelivery_slack}s"
+        )
         with pytest.raises(brokerkit.LeaseExpired):
             await held.ack()
         await again.ack()
+
+
+@pytest.mark.behaviour("lease expiry")
+async def test_lease_expiry_of_a_fifo_message_frees_its_group(
+    broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    ack_timeout = 1.0
+    await broker.publish_many(
+        queue, [brokerkit.Outgoing(f"{i}".encode(), fifo_group="lease.g") for i in range(2)]
+    )
+    async with broker.consumer(queue, group, ack_timeout=ack_timeout) as consumer:
+        first = await receive(consumer)
+        assert (first.body, first.attempt) == (b"0", 1)  # never settled
+        again = await receive(consumer, redelivery_deadline(broker, ack_timeout))
+        assert (again.body, again.attempt) == (b"0", 2), "the group's head did not come back"
+        await again.ack()
+        nxt = await receive(consumer)
+        assert (nxt.body, nxt.attempt) == (b"1", 1)
+        await nxt.ack()
 
 
 @pytest.mark.behaviour("lease expiry")
@@ -78,33 +116,25 @@ async def test_lease_extend_keeps_the_message_away_from_others(
         assert msg.settled
 
 
-@pytest.mark.behaviour("attempt durability")
-async def test_attempt_survives_consumer_restarts_and_ends_in_the_dlq(
-    connect: Connect, queue: str, group: str
+async def _expect_dead_after(
+    broker: brokerkit.Broker, queue: str, group: str, sent_id: str, max_attempts: int
 ) -> None:
-    max_attempts = 3
-    producer = await connect()
-    sent = await producer.publish(queue, b"kills-its-consumer")
-    for attempt in range(1, max_attempts + 1):
-        conn = await connect()  # a new process, as far as the broker can tell
-        async with conn.consumer(queue, group, max_attempts=max_attempts, close_timeout=0) as c:
-            msg = await receive(c, redelivery_deadline(conn, 0))
-            assert (msg.id, msg.attempt) == (sent.id, attempt)
-        await conn.aclose()  # "crash": never settled
-    last = await connect()
+    """The next delivery would be attempt max_attempts + 1: it must reach the DLQ instead."""
     leaked: list[brokerkit.Message] = []
 
     async def drain(consumer: brokerkit.Consumer) -> None:
-        async for msg in consumer:  # the next delivery is attempt 4: the facade dead-letters it
+        async for msg in consumer:  # the next delivery is beyond max_attempts: dead-lettered
             leaked.append(msg)
 
     async with (
-        last.consumer(queue, group, max_attempts=max_attempts, close_timeout=0) as c,
-        last.dead_letters(queue) as dead,
+        broker.consumer(
+            queue, group, max_attempts=max_attempts, ack_timeout=_CRASH_LEASE, close_timeout=0
+        ) as c,
+        broker.dead_letters(queue) as dead,
     ):
         reader = asyncio.ensure_future(drain(c))
         try:
-            corpse = await receive(dead)
+            corpse = await receive(dead, redelivery_deadline(broker, _CRASH_LEASE))
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -113,8 +143,46 @@ async def test_attempt_survives_consumer_restarts_and_ends_in_the_dlq(
         assert corpse.dead_letter_info is not None
         assert corpse.dead_letter_info.reason == "max_attempts"
         assert corpse.dead_letter_info.attempts == max_attempts
-        assert corpse.dead_letter_info.original_id == sent.id
+        assert corpse.dead_letter_info.original_id == sent_id
         await corpse.ack()
+
+
+_CRASH_LEASE = 2.0
+"""The ack_timeout of a consumer that is killed: its lease is how the broker learns of it."""
+
+
+@pytest.mark.behaviour("attempt durability")
+async def test_attempt_survives_consumer_crashes_and_ends_in_the_dlq(
+    broker_url: str, connect: Connect, queue: str, group: str
+) -> None:
+    """Each delivery kills its consumer (SIGKILL of a child process on the real URL).
+
+    No close, no nack, no flush: only the broker's own record can count the attempts.
+    ``memory://`` lives inside this process, so no other process can hold its messages;
+    there the consumer is abandoned in-process (never closed, never settled, its lease
+    runs out), which still never takes the facade's nack path.
+    """
+    max_attempts = 2
+    producer = await connect()
+    sent = await producer.publish(queue, b"kills-its-consumer")
+    for attempt in range(1, max_attempts + 1):
+        if in_process(broker_url):
+            conn = await connect()  # abandoned below: never closed while the test runs
+            consumer = conn.consumer(
+                queue, group, max_attempts=max_attempts, ack_timeout=_CRASH_LEASE
+            )
+            msg = await receive(consumer, redelivery_deadline(conn, _CRASH_LEASE))
+            assert (msg.id, msg.attempt) == (sent.id, attempt)
+            continue
+        child = await Child.start(
+            "hold", broker_url, queue, group, str(max_attempts), str(_CRASH_LEASE)
+        )
+        try:
+            line = await child.line(redelivery_deadline(producer, _CRASH_LEASE) + WAIT)
+        finally:
+            await child.reap()  # SIGKILL while it holds the message
+        assert line == f"got {sent.id} {attempt}", line
+    await _expect_dead_after(await connect(), queue, group, sent.id, max_attempts)
 
 
 @pytest.mark.behaviour("attempt durability")
@@ -140,13 +208,15 @@ async def test_dlq_dead_letter_moves_with_body_headers_and_envelope(
     body = bytes(range(256)) * 4
     headers = {"trace": "abc", "unicode": "żółw ✓"}
     sent = await broker.publish(queue, body, headers=headers, fifo_group="cust-1", dedup_id="ev-1")
-    async with broker.consumer(queue, group) as consumer:
+    ack_timeout = 1.0
+    async with (
+        broker.consumer(queue, group, ack_timeout=ack_timeout) as consumer,
+        broker.dead_letters(queue, ack_timeout=ack_timeout) as dead,
+    ):
         msg = await receive(consumer)
         await msg.dead_letter("bad input: field x")
         with pytest.raises(brokerkit.AlreadySettled):
             await msg.ack()
-        assert await nothing_within(consumer, 1.0) is None  # not in the queue any more
-    async with broker.dead_letters(queue) as dead:
         corpse = await receive(dead)
         info = corpse.dead_letter_info
         assert info is not None
@@ -159,7 +229,18 @@ async def test_dlq_dead_letter_moves_with_body_headers_and_envelope(
         with pytest.raises(brokerkit.UnsupportedFeature):
             await corpse.dead_letter("again")
         await corpse.ack()
-        assert await nothing_within(dead, 1.0) is None
+        # gone from the queue (not even a copy leased until the lease ends), and acked
+        # in the DLQ: one lease-sized window watches both
+        await _gone_from(broker, ack_timeout, queue=consumer, dlq=dead)
+
+
+async def _gone_from(
+    broker: brokerkit.Broker, ack_timeout: float, **where: brokerkit.Consumer
+) -> None:
+    window = absence_window(broker, ack_timeout)
+    late = await asyncio.gather(*(nothing_within(c, window) for c in where.values()))
+    left = {name: msg for name, msg in zip(where, late, strict=True) if msg is not None}
+    assert not left, f"a copy was left behind: {left!r}"
 
 
 @pytest.mark.behaviour("redrive")
@@ -194,3 +275,71 @@ async def test_redrive_limit_moves_at_most_limit(
     assert await broker.redrive(queue) == 1
     async with broker.consumer(queue, group) as consumer:
         assert len(await receive_n(consumer, 3, timeout=WAIT)) == 3
+
+
+@pytest.mark.behaviour("redrive")
+async def test_redrive_is_oldest_first_across_groups_and_leaves_no_copy(
+    broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    """One message at a time (``limit=1``): each redrive moves the oldest dead letter.
+
+    Grouped and ungrouped messages die in one known order; the headers and a dedup id
+    (inside its window) travel with them, and neither the DLQ nor the queue keeps a copy.
+    """
+    ack_timeout = 1.0
+    outs = [
+        brokerkit.Outgoing(b"u0", headers={"n": "0"}),
+        brokerkit.Outgoing(b"a0", fifo_group="rd.a", headers={"n": "1"}),
+        brokerkit.Outgoing(b"u1", dedup_id="rd-dedup", headers={"n": "2"}),
+        brokerkit.Outgoing(b"b0", fifo_group="rd.b", dedup_id="rd-b0", headers={"n": "3"}),
+        brokerkit.Outgoing(b"a1", fifo_group="rd.a", headers={"n": "4"}),
+    ]
+    async with broker.consumer(queue, group, ack_timeout=ack_timeout) as consumer:
+        for out in outs:  # published and killed one by one: the order of death is known
+            await broker.publish(
+                queue, out.body, fifo_group=out.fifo_group, dedup_id=out.dedup_id,
+                headers=dict(out.headers),
+            )  # fmt: skip
+            msg = await receive(consumer)
+            assert msg.body == out.body
+            await msg.dead_letter(f"died {out.body.decode()}")
+        redriven = []
+        for out in outs:
+            assert await broker.redrive(queue, limit=1) == 1
+            msg = await receive(consumer)
+            redriven.append(msg.body)
+            assert (msg.body, dict(msg.headers)) == (out.body, dict(out.headers))
+            assert msg.fifo_group == out.fifo_group
+            assert msg.attempt == 1 and msg.dead_letter_info is None
+            await msg.ack()
+        assert redriven == [out.body for out in outs], "redrive was not oldest first"
+        assert await broker.redrive(queue) == 0
+        async with broker.dead_letters(queue, ack_timeout=ack_timeout) as dead:
+            await _gone_from(broker, ack_timeout, queue=consumer, dlq=dead)
+
+
+@pytest.mark.behaviour("redrive")
+async def test_redrive_moves_only_what_dead_letters_still_holds(
+    broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    """``dead_letters()`` and ``redrive`` share one view of the DLQ: acked there, gone."""
+    await broker.publish_many(queue, [brokerkit.Outgoing(b"keep"), brokerkit.Outgoing(b"drop")])
+    async with broker.consumer(queue, group) as consumer:
+        for msg in await receive_n(consumer, 2, ack=False):
+            await msg.dead_letter("x")
+    async with broker.dead_letters(queue) as dead:
+        for msg in await receive_n(dead, 2, ack=False):
+            if msg.body == b"drop":
+                await msg.ack()  # handled in the DLQ: settled for good
+            else:
+                await msg.nack()  # left there
+    assert await broker.redrive(queue) == 1
+    async with (
+        broker.consumer(queue, group, ack_timeout=1.0) as consumer,
+        broker.dead_letters(queue, ack_timeout=1.0) as dead,
+    ):
+        msg = await receive(consumer)
+        assert msg.body == b"keep"
+        await msg.ack()
+        # nothing acked in the DLQ was moved, nothing moved is still in dead_letters()
+        await _gone_from(broker, 1.0, queue=consumer, dlq=dead)

@@ -6,14 +6,26 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import Awaitable
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 import brokerkit
-from contract_tests._helpers import WAIT, eventually, nothing_within, receive, with_param
+from contract_tests._helpers import (
+    WAIT,
+    SecretURL,
+    eventually,
+    nothing_within,
+    receive,
+    receive_n,
+    with_param,
+)
 
-BAD_NAMES = ["", "a" * 65, "a.b", "a b", "żółw", "-lead", "_lead", "a/b"]
-BAD_TOKENS = ["", "a" * 129, "a b", "żółw", "tab\there"]
+BAD_NAMES = ["", "a" * 65, "a.b", "a b", "żółw", "-lead", "_lead", "a/b", "trail\n", "a\nb"]
+BAD_TOKENS = ["", "a" * 129, "a b", "żółw", "tab\there", "trail\n"]
+GOOD_TOKENS = ["x" * 128, "order.42:v1", "a-b_c/d|e~!#$%&'()*+,;<=>?@[]^`{}", "~"]
+"""Legal fifo_group and dedup_id values (SQS's rule), hostile to naive mappings."""
 
 
 def _full_headers() -> dict[str, str]:
@@ -64,6 +76,31 @@ async def test_limits_oversize_body_and_headers_are_refused_and_nothing_is_sent(
     await _only_sentinel_arrives(broker, queue, group)
 
 
+@pytest.mark.behaviour("limits")
+async def test_limits_body_of_exactly_max_message_bytes_is_carried(
+    broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    body = os.urandom(broker.capabilities.max_message_bytes)
+    await broker.publish(queue, body)
+    async with broker.consumer(queue, group) as consumer:
+        msg = await receive(consumer)
+        assert msg.body == body
+        await msg.ack()
+
+
+@pytest.mark.behaviour("limits")
+async def test_limits_longest_and_oddest_legal_groups_and_dedup_ids_are_carried(
+    broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    for i, token in enumerate(GOOD_TOKENS):
+        await broker.publish(queue, f"{i}".encode(), fifo_group=token, dedup_id=token)
+    async with broker.consumer(queue, group) as consumer:
+        got = {m.body: m for m in await receive_n(consumer, len(GOOD_TOKENS))}
+    for i, token in enumerate(GOOD_TOKENS):
+        msg = got[f"{i}".encode()]
+        assert (msg.fifo_group, msg.dedup_id) == (token, token)
+
+
 async def _only_sentinel_arrives(broker: brokerkit.Broker, queue: str, group: str) -> None:
     await broker.publish(queue, b"sentinel")
     async with broker.consumer(queue, group) as consumer:
@@ -90,6 +127,63 @@ async def test_errors_bad_names_raise_invalid_name_before_io(
         with pytest.raises(brokerkit.InvalidName):
             await broker.publish(queue, b"x", dedup_id=token)
     await _only_sentinel_arrives(broker, queue, group)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _dead_url(broker_url: str) -> tuple[str, int] | None:
+    """``broker_url`` pointed at a closed port (and the port), None without a network address."""
+    parsed = brokerkit.BrokerURL.parse(broker_url)
+    port = _closed_port()
+    if parsed.hosts:
+        hosts = ",".join(str(h) for h in parsed.hosts)
+        return SecretURL(broker_url.replace(hosts, f"127.0.0.1:{port}", 1)), port
+    endpoint = parse_qs(urlsplit(broker_url).query).get("endpoint", [""])[0]
+    if endpoint:  # endpoint-style URLs (sqs://?endpoint=http://host:port)
+        netloc = urlsplit(endpoint).netloc
+        return SecretURL(broker_url.replace(netloc, f"127.0.0.1:{port}", 1)), port
+    return None
+
+
+@pytest.mark.behaviour("errors")
+async def test_errors_bad_names_on_an_unopened_broker_at_a_closed_port_are_invalid_name(
+    broker_url: str, queue: str
+) -> None:
+    """ "Before any I/O": a broker nobody listens for still refuses bad names at once."""
+    dead = _dead_url(broker_url)
+    broker = brokerkit.connect(dead[0] if dead else broker_url)  # in-process: unopened is all
+    try:
+
+        async def refused(call: Awaitable[object]) -> None:
+            with pytest.raises(brokerkit.InvalidName):
+                await asyncio.wait_for(call, 5.0)  # BrokerUnavailable only after a retry
+
+        for name in BAD_NAMES:
+            await refused(broker.publish(name, b"x"))
+            await refused(broker.publish_many(name, [brokerkit.Outgoing(b"x")]))
+            await refused(broker.redrive(name))
+            await refused(broker.delete_queue(name))
+            with pytest.raises(brokerkit.InvalidName):
+                broker.consumer(name)
+            with pytest.raises(brokerkit.InvalidName):
+                broker.dead_letters(name)
+            with pytest.raises(brokerkit.InvalidName):
+                broker.consumer(queue, group=name)
+        for token in BAD_TOKENS:
+            await refused(broker.publish(queue, b"x", fifo_group=token))
+            await refused(broker.publish(queue, b"x", dedup_id=token))
+            await refused(
+                broker.publish_many(
+                    queue, [brokerkit.Outgoing(b"x"), brokerkit.Outgoing(b"y", token)]
+                )
+            )
+    finally:
+        await broker.aclose()
 
 
 @pytest.mark.behaviour("errors")
@@ -196,15 +290,14 @@ async def test_errors_config_unknown_scheme_and_parameter_never_echo_password(
 async def test_errors_broker_down_raises_broker_unavailable_naming_host_and_port(
     broker_url: str,
 ) -> None:
-    parsed = brokerkit.BrokerURL.parse(broker_url)
-    if not parsed.hosts:
-        pytest.skip("no network address in this URL (in-process or endpoint-style backend)")
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    hosts = ",".join(str(h) for h in parsed.hosts)
-    dead = broker_url.replace(hosts, f"127.0.0.1:{port}", 1)
-    broker = brokerkit.connect(dead)
+    dead = _dead_url(broker_url)
+    if dead is None:  # in-process (memory://): no network, nothing to be down, no retry
+        broker = brokerkit.connect(broker_url)
+        await asyncio.wait_for(broker.open(), 1.0)
+        await broker.aclose()
+        return
+    url, port = dead
+    broker = brokerkit.connect(url)
     with pytest.raises(brokerkit.BrokerUnavailable) as info:
         await asyncio.wait_for(broker.open(), 60)
     assert str(port) in str(info.value)

@@ -5,8 +5,8 @@ double-acking". The shared broker on :9092 must never be restarted, so this test
 starts its own throwaway single-node KRaft broker (broker + controller on free
 loopback ports, data under a tmp dir) from the jars ``scripts/services`` resolved
 under ``.services/cache/kafka-*-lib``, with the same command line minus the shared
-paths. It is skipped when there is no java >= 17 or the jars are missing
-(``scripts/services up kafka`` resolves them).
+paths. It FAILS when there is no java >= 17 or the jars are missing (``scripts/services
+up kafka`` resolves them): a mandatory test that cannot run is a failure, not a skip.
 
 The story, every wait a polling deadline:
 
@@ -48,8 +48,11 @@ import pytest_asyncio
 import brokerkit
 from contract_tests._helpers import SCALE, eventually, fresh, receive
 
-confluent_kafka = pytest.importorskip("confluent_kafka")
-AdminClient = pytest.importorskip("confluent_kafka.admin").AdminClient
+try:
+    import confluent_kafka
+    from confluent_kafka.admin import AdminClient
+except ModuleNotFoundError:  # the fixture fails the test: mandatory, so never a skip
+    confluent_kafka = None
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = Path(os.environ.get("BROKERKIT_SERVICES_DIR") or ROOT / ".services").resolve()
@@ -288,12 +291,17 @@ class KafkaNode:
 
 @pytest_asyncio.fixture
 async def kafka_node(tmp_path: Path) -> AsyncIterator[KafkaNode]:
+    if confluent_kafka is None:
+        pytest.fail("confluent-kafka is not installed (pip install 'brokerkit[kafka]')")
     java = await asyncio.to_thread(_java)
     if java is None:
-        pytest.skip("no java >= 17 (Kafka 4 needs it; see scripts/services)")
+        pytest.fail("no java >= 17 (Kafka 4 needs it; see scripts/services)", pytrace=False)
     lib = _kafka_lib()
     if lib is None:
-        pytest.skip(f"no Kafka 4.x jars under {SERVICES / 'cache'} (run scripts/services up kafka)")
+        pytest.fail(
+            f"no Kafka 4.x jars under {SERVICES / 'cache'} (run scripts/services up kafka)",
+            pytrace=False,
+        )
     port, controller_port = _free_ports(2)
     node = KafkaNode(java, lib, tmp_path, port, controller_port)
     try:

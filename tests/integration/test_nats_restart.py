@@ -1,10 +1,10 @@
 """NATS JetStream with file storage: a consumer rides out a server restart.
 
-The test runs its OWN throwaway nats-server (the ``nats-server`` on PATH, as
-scripts/services uses) on a free port with a temporary store directory, and
-restarts that process (SIGTERM, wait for the exit, start again on the same port
-and store) while a consumer is open and iterating. It never touches the shared
-server on 4222.
+The test runs its OWN throwaway nats-server (the binary scripts/services installs
+under ``.services/cache``, see ``_process.nats_server_binary``; none fails the test)
+on a free port with a temporary store directory, and restarts that process
+(SIGTERM, wait for the exit, start again on the same port and store) while a
+consumer is open and iterating. It never touches the shared server on 4222.
 
 Acks use ``?confirm_acks=true``: ``ack()`` returns only once the server replied
 to it (``ack_sync``), so "acked before the restart" is a fact the server knows,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import socket
 import subprocess
 import time
@@ -25,21 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from _process import terminate
+from _process import nats_server_binary, required, terminate
 
 import brokerkit
 
-pytest.importorskip("nats", reason="nats-py is not installed (pip install brokerkit[nats])")
-
-NATS_SERVER = shutil.which("nats-server")
+NATS_SERVER = nats_server_binary()
 READY_TIMEOUT = 60.0  # JetStream recovery on a loaded 2-core machine
 STOP_TIMEOUT = 60.0  # graceful stop writes the store; SIGKILL only as a last resort
 ACK_TIMEOUT = 4.0
 DEADLINE = 90.0  # overall wait for every expected delivery after the restart
-
-pytestmark = pytest.mark.skipif(
-    NATS_SERVER is None, reason="no nats-server binary on PATH (scripts/services up nats)"
-)
 
 
 def _free_port() -> int:
@@ -99,8 +92,12 @@ class NatsProcess:
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsProcess]:
-    assert NATS_SERVER is not None
-    server = NatsProcess(NATS_SERVER, tmp_path)
+    try:
+        import nats  # noqa: F401  (the backend's driver)
+    except ModuleNotFoundError:
+        pytest.fail("nats-py is not installed (pip install 'brokerkit[nats]')", pytrace=False)
+    binary = required(NATS_SERVER, "no nats-server (scripts/services up nats installs it)")
+    server = NatsProcess(binary, tmp_path)
     try:
         server.start()
         yield server

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brokerkit._check_faults import FaultCollector
 from brokerkit._errors import ConfigError
 from brokerkit._url import BrokerURL
 
@@ -56,6 +57,7 @@ def run_check(
     backend = backend_class(parsed.scheme)
     suite = Path(contract_tests.__file__).parent
     collector = _Collector()
+    faults = FaultCollector(tuple(getattr(contract_tests, "FAULT_BEHAVIOURS", ())))
     args = [
         str(suite),
         "-c",
@@ -71,7 +73,7 @@ def run_check(
         *(pytest_args or []),
     ]
     with contextlib.redirect_stdout(sys.stderr):
-        pytest.main(args, plugins=[collector])
+        pytest.main(args, plugins=[collector, faults])
     results: dict[str, str] = {}
     for behaviour in contract_tests.BEHAVIOURS:
         outcomes = collector.outcomes.get(behaviour, [])
@@ -79,6 +81,7 @@ def run_check(
             results[behaviour] = FAIL  # a mandatory behaviour with no passing test has failed
         else:
             results[behaviour] = PASS
+    results.update(faults.results())  # the fault behaviours (v1.1), after the 17
     summary = {
         "url": parsed.redacted(),
         "backend": f"{backend.__module__}.{backend.__qualname__}",
@@ -86,4 +89,5 @@ def run_check(
         "passed": sum(1 for r in results.values() if r == PASS),
         "failed": sum(1 for r in results.values() if r == FAIL),
     }
+    summary["faults"] = faults.details()  # per fault: result, reason if not run, figures
     return summary, collector.failures

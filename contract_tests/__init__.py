@@ -24,3 +24,10 @@ BEHAVIOURS = (
     "errors",
 )
 """The behaviours of CONTRACT.md section 9, in the order ``brokerkit check`` prints them."""
+
+FAULT_BEHAVIOURS = ("crash", "broker restart", "network cut", "soak")
+"""The fault behaviours of CONTRACT.md section 9 (v1.1), printed after BEHAVIOURS.
+
+One whose hook was not given (``--restart-cmd``, ``--proxy``) or that cannot apply
+(memory:// is in-process) is reported "not run", with the reason, never as a pass.
+"""

@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 
 import brokerkit
+from contract_tests._faults import add_fault_options
 from contract_tests._helpers import fresh
 
 Connect = Callable[..., Awaitable[brokerkit.Broker]]
@@ -24,6 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="broker URL to run the contract against (repeatable; env BROKERKIT_URLS)",
     )
     group.addoption("--run-slow", action="store_true", help="also run slow tests (long windows)")
+    add_fault_options(parser)  # --restart-cmd, --proxy, --cut-seconds, --soak-long, ...
 
 
 def pytest_configure(config: pytest.Config) -> None:

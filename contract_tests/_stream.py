@@ -10,7 +10,8 @@ delivery and every ack, so the fault tests can assert and report:
   (bounded), never raises anything else;
 * the consumers keep iterating by themselves (their iterator never raises);
 * nothing whose ``ack()`` returned is delivered again, except an ack that returned within
-  ``capabilities.ack_flush_interval`` before the fault (the documented coalescing window).
+  ``capabilities.ack_flush_interval`` of the moment the broker became unreachable (the
+  documented coalescing window; for a restart hook, its first ``KILL_GRACE`` seconds).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Stream:
     queue: str
     hold: float = 0.0
     """Seconds each handler holds a message before it acks (to be caught mid-ack)."""
+    pace: float = PACE
+    """Seconds between two publishes (keep it above hold / consumers: no backlog)."""
     bound: float = 120.0
     """Longest a single publish call may take before it counts as a hang."""
     publishes: dict[str, Publish] = field(default_factory=dict)
@@ -67,7 +70,7 @@ class Stream:
         i = 0
         while not self._stop:
             if self.paused.is_set():
-                await asyncio.sleep(PACE)
+                await asyncio.sleep(self.pace)
                 continue
             body = f"m{i:06d}"
             i += 1
@@ -82,7 +85,7 @@ class Stream:
             except brokerkit.BrokerkitError as exc:
                 record.outcome = type(exc).__name__
             record.ended = time.monotonic()
-            await asyncio.sleep(PACE)
+            await asyncio.sleep(self.pace)
 
     async def _consume(self, consumer: brokerkit.Consumer) -> None:
         try:
@@ -149,10 +152,11 @@ class Stream:
             again = [t for t, _ in seen if t > first_ok]
             if not again:
                 continue
-            if fault_start - flush - 0.05 <= first_ok <= fault_start + kill_grace:
+            # the coalescing window around the moment the broker became unreachable
+            if fault_start - flush - 0.05 <= first_ok <= fault_start + kill_grace + flush + 0.05:
                 redelivered_in_window.append(body)
             else:
-                redelivered_after_ack.append(body)
+                redelivered_after_ack.append(f"{body} (acked at {first_ok - fault_start:+.2f}s)")
         late = [
             b
             for b, p in self.publishes.items()

@@ -145,6 +145,7 @@ class Message:
             await self._settle(lambda d: self._consumer.move_to_dlq(d, REASON_MAX_ATTEMPTS))
         else:
             await self._settle(lambda d: self._receiver.nack(d, seconds))
+            self._consumer.nacked(self)
 
     async def dead_letter(self, reason: str) -> None:
         """Move to the queue's DLQ now, whatever the attempt count."""
@@ -267,6 +268,7 @@ class Consumer:
         # a redelivered message (attempt > 1) is handed out alone: see _alone
         self._suspect: Message | None = None
         self._deferred: set[str] = set()
+        self._nacked: dict[str, int] = {}  # id -> attempt, of messages this consumer nacked
         self._settle_seen: asyncio.Event | None = None  # set on every settle while waited on
         self._last_settle = 0.0
         self._fetch: asyncio.Task[list[Delivery[Any]]] | None = None
@@ -340,7 +342,9 @@ class Consumer:
                         delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
                     )
                     continue
-                if delivery.attempt > 1 and not self.dead_letters:
+                # its last attempt, after a redelivery this consumer did not cause: alone
+                suspect = 1 < delivery.attempt >= self.max_attempts and not self.dead_letters
+                if suspect and self._suspect_of(delivery):
                     if delivery.id not in self._deferred and self._first_timers_behind():
                         # first-time messages go first (once: it must not wait out its lease)
                         if len(self._deferred) >= _MAX_DEFERRED:
@@ -358,9 +362,11 @@ class Consumer:
                         raise
                     if _now() > deadline:
                         continue
+                else:
+                    suspect = False
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
-                if delivery.attempt > 1 and not self.dead_letters:
+                if suspect:
                     self._suspect = message
                 return message
             if self._buffer:
@@ -416,6 +422,16 @@ class Consumer:
         if self._drained is not None and not self._held:
             self._drained.set()
 
+    def nacked(self, message: Message) -> None:
+        """``message`` was nacked here: its redelivery is no crash suspect (for _alone)."""
+        if len(self._nacked) >= _MAX_DEFERRED:
+            self._nacked.clear()
+        self._nacked[message.id] = message.attempt
+
+    def _suspect_of(self, delivery: Delivery[Any]) -> bool:
+        """A redelivery this consumer did not cause by a nack: maybe a crash's (see _alone)."""
+        return self._nacked.pop(delivery.id, None) != delivery.attempt - 1
+
     def _first_timers_behind(self) -> bool:
         """True if a first-time delivery is buffered behind the one being handed out."""
         if any(d.attempt == 1 for d in self._batch[self._batch_pos :]):
@@ -444,12 +460,17 @@ class Consumer:
             self._suspect = None
 
     async def _alone(self, receiver: Receiver[Any]) -> None:
-        """Before a redelivered message (attempt > 1) is handed out: make it the only one.
+        """Before a redelivered message's last attempt (``max_attempts``) is handed out:
+        make it the only one.
 
-        It may be the message that crashed its last consumer, and may crash this one:
-        then no innocent neighbour must pay an attempt for it (issue 16). So first what
+        It may be the message that crashed its last consumers, and may crash this one:
+        then no innocent neighbour must be pushed past ``max_attempts`` with it, into the
+        DLQ (issue 16). Earlier attempts need nothing: a neighbour that lost an attempt
+        (fetched ahead by a crashed consumer, or its coalesced ack lost with it) still
+        has attempts left, and this is where it stops losing them. So first what
         the caller holds is settled (never waiting past those leases), what was fetched
-        ahead is given back (uncounted where the broker allows), the acks made so far are
+        ahead is given back where the receiver's ``release_uncounted`` says that counts
+        no attempt (elsewhere a release would count one: it stays), the acks made so far are
         given ``capabilities.ack_flush_interval`` to reach the broker, and nothing more is
         fetched or handed out until it is settled (``_until_settled``).
         """
@@ -460,16 +481,17 @@ class Consumer:
         if fetch is not None:
             await asyncio.wait([fetch])
             self._collect(fetch)
-        now = _now()
-        rest = self._batch[self._batch_pos :] if self._batch_deadline > now else []
-        for deadline, batch in self._buffer:
-            if deadline > now:
-                rest += batch
-        self._batch, self._batch_pos, self._buffered = [], 0, 0
-        self._buffer.clear()
-        if rest:
-            with contextlib.suppress(LeaseExpired):
-                await receiver.release(rest)
+        if receiver.release_uncounted:
+            now = _now()
+            rest = self._batch[self._batch_pos :] if self._batch_deadline > now else []
+            for deadline, batch in self._buffer:
+                if deadline > now:
+                    rest += batch
+            self._batch, self._batch_pos, self._buffered = [], 0, 0
+            self._buffer.clear()
+            if rest:
+                with contextlib.suppress(LeaseExpired):
+                    await receiver.release(rest)
         backend = self._backend
         flush = backend.capabilities.ack_flush_interval if backend is not None else 0.0
         wait = self._last_settle + flush - _now()

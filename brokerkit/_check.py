@@ -10,6 +10,7 @@ from typing import Any
 
 from brokerkit._check_faults import FaultCollector
 from brokerkit._errors import ConfigError
+from brokerkit._redact import RedactingStream
 from brokerkit._url import BrokerURL
 
 PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
@@ -39,6 +40,12 @@ class _Collector:
                 self.failures.append(report.nodeid)
 
 
+def _verbose(pytest_args: list[str] | None) -> bool:
+    return any(
+        a == "--verbose" or (a.startswith("-v") and a.strip("v") == "-") for a in pytest_args or []
+    )
+
+
 def run_check(
     url: str, *, pytest_args: list[str] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -66,14 +73,19 @@ def run_check(
         str(suite),
         "-p",
         "no:cacheprovider",
-        "-q",
+        *([] if _verbose(pytest_args) else ["-q"]),  # -q would cancel a -v given after --
         "--run-slow",
+        "--no-env-urls",  # check URL checks URL alone, whatever BROKERKIT_URLS says
         "--broker-url",
         url,
         *(pytest_args or []),
     ]
-    with contextlib.redirect_stdout(sys.stderr):
-        pytest.main(args, plugins=[collector, faults])
+    output = RedactingStream(sys.stderr, parsed.secrets())  # the suite redacts its reports;
+    with contextlib.redirect_stdout(output):  # this catches whatever else pytest prints
+        try:
+            pytest.main(args, plugins=[collector, faults])
+        finally:
+            output.flush()
     results: dict[str, str] = {}
     for behaviour in contract_tests.BEHAVIOURS:
         outcomes = collector.outcomes.get(behaviour, [])

@@ -1,25 +1,48 @@
-"""The ``brokerkit`` command: demo, check, bench."""
+"""The ``brokerkit`` command: demo, check, bench.
+
+Everything a command prints is credential-free (CONTRACT.md section 1): URLs only
+redacted, errors with their whole cause chain through :func:`describe_error`, log
+lines (``--log-level``) through a redacting formatter.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from brokerkit._errors import BrokerkitError
+from brokerkit._guard import guarded as _guarded
+from brokerkit._guard import shown as _shown
+from brokerkit._redact import RedactingFormatter
 
 DEFAULT_URL = "memory://"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+T = TypeVar("T")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="brokerkit")
-def main() -> None:
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default=None,
+    help="Log to stderr at this level (redacted), brokerkit's and its client libraries'.",
+)
+def main(log_level: str | None) -> None:
     """brokerkit: one producer/consumer API on Redis, SQS, Kafka, RabbitMQ and NATS."""
+    if log_level is not None:
+        handler = logging.StreamHandler()
+        handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(log_level.upper())
 
 
 @main.command()
@@ -28,10 +51,7 @@ def demo(url: str) -> None:
     """Run the signup-email worker scenario against URL (default memory://)."""
     from brokerkit._demo import run_demo
 
-    try:
-        ok = asyncio.run(run_demo(url))
-    except BrokerkitError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    ok = _guarded(url, lambda: asyncio.run(run_demo(url)))
     sys.exit(0 if ok else 1)
 
 
@@ -86,10 +106,13 @@ def _echo_fault_figures(faults: dict[str, Any]) -> None:
 
 @main.command()
 @click.argument("url", default=DEFAULT_URL)
+@click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (CONTRACT.md §9).")
 @click.option("-k", "select", default=None, help="Only tests matching this pytest expression.")
 @_fault_options
-def check(url: str, as_json: bool, select: str | None, **hooks: Any) -> None:
+def check(
+    url: str, pytest_args: tuple[str, ...], as_json: bool, select: str | None, **hooks: Any
+) -> None:
     """Run the contract suite against URL and report each behaviour.
 
     Exit status 0 only when every mandatory behaviour passes and no fault
@@ -103,19 +126,17 @@ def check(url: str, as_json: bool, select: str | None, **hooks: Any) -> None:
     in-process, so crash cannot run there) is "not run", with the reason and the
     flag that would run it; never a pass. --json adds "faults": {behaviour:
     {"result", "reason" (when not run), "figures"}} beside "results".
+    More pytest options go after ``--``: ``brokerkit check URL -- -v --tb=long``.
     """
     from brokerkit._check import run_check
     from brokerkit._check_faults import fault_pytest_args
 
     try:
-        extra = ["-k", select] if select else []
-        extra += fault_pytest_args(**hooks)
+        hook_args = fault_pytest_args(**hooks)
     except ValueError as exc:
         raise click.BadParameter(f"--restart-cmd: {exc}") from None
-    try:
-        summary, failures = run_check(url, pytest_args=extra or None)
-    except BrokerkitError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    args = [*(["-k", select] if select else []), *hook_args, *pytest_args]
+    summary, failures = _guarded(url, lambda: run_check(url, pytest_args=args or None))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
@@ -167,8 +188,9 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
     """
     from brokerkit._bench import run_bench
 
-    try:
-        result = asyncio.run(
+    result = _guarded(
+        url,
+        lambda: asyncio.run(
             run_bench(
                 url,
                 messages=messages,
@@ -177,10 +199,9 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
                 prefetch=prefetch,
                 concurrency=concurrency,
             )
-        )
-    except BrokerkitError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
-    click.echo(f"brokerkit bench {url}: {messages} x {size} B, {rounds} rounds (msgs/s)")
+        ),
+    )
+    click.echo(f"brokerkit bench {_shown(url)}: {messages} x {size} B, {rounds} rounds (msgs/s)")
     series = {"publish": result.publish, "consume+ack": result.consume}
     if result.concurrent:
         series[f"publish x{concurrency}"] = result.concurrent

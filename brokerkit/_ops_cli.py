@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import click
 
 import brokerkit
-from brokerkit._errors import BrokerkitError
+from brokerkit._guard import guarded
 
 T = TypeVar("T")
 
@@ -47,10 +47,7 @@ def run(work: Callable[[brokerkit.Broker], Awaitable[T]], url: str) -> T:
         async with brokerkit.connect(url) as broker:
             return await work(broker)
 
-    try:
-        return asyncio.run(go())
-    except BrokerkitError as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+    return guarded(url, lambda: asyncio.run(go()))
 
 
 def preview(body: bytes) -> str:

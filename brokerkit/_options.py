@@ -36,15 +36,17 @@ def parse_options(
     else:
         values = source
         where = f"{scheme}:// options" if scheme else "options"
+    known = ", ".join(sorted(model.model_fields)) or "none"
+    problems = []
     try:
         return model.model_validate(dict(values))
     except ValidationError as exc:
-        known = ", ".join(sorted(model.model_fields)) or "none"
-        problems = []
         for err in exc.errors(include_input=False, include_url=False):
             name = ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
                 problems.append(f"unknown parameter {name!r} (known: {known})")
             else:
                 problems.append(f"parameter {name!r}: {err['msg']}")
-        raise ConfigError(f"{where}: " + "; ".join(problems)) from None
+    # raised outside the except block: the ValidationError holds every value (a password
+    # too), and even a suppressed __context__ keeps it on the ConfigError
+    raise ConfigError(f"{where}: " + "; ".join(problems))

@@ -8,9 +8,8 @@ from types import MappingProxyType
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from brokerkit._errors import ConfigError
-
-_SECRET_WORDS = ("password", "secret", "token", "key")
-_REDACTED = "***"
+from brokerkit._redact import REDACTED as _REDACTED
+from brokerkit._redact import is_secret_name, redact
 
 
 @dataclass(frozen=True)
@@ -25,17 +24,14 @@ class HostPort:
         return host if self.port is None else f"{host}:{self.port}"
 
 
-def _is_secret(name: str) -> bool:
-    lowered = name.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
-
-
 @dataclass(frozen=True, repr=False)
 class BrokerURL:
     """An immutable broker URL: ``scheme://[user[:password]@]host[:port][,host2...]/path?opts``.
 
     The password (and any query parameter whose name says it is a secret) never
-    appears in ``repr``, ``str`` or error messages: use :meth:`redacted`.
+    appears in ``repr``, ``str`` or error messages: use :meth:`redacted`. A user
+    without a password is redacted too: schemes such as ``nats://token@host`` carry
+    a token there. :meth:`render` is the one way to the real URL, for a client library.
     """
 
     scheme: str
@@ -56,10 +52,15 @@ class BrokerURL:
         if not sep or not scheme:
             raise ConfigError("broker URL has no scheme (expected e.g. 'redis://host:6379/0')")
         scheme = scheme.lower()
+        # Each ConfigError is raised outside its except block: the driver-free errors of
+        # urllib hold the URL's text, and even a suppressed __context__ keeps them.
+        problem = None
         try:
             parts = urlsplit("x://" + rest)
         except ValueError as exc:  # e.g. an unclosed IPv6 bracket; the text may hold a password
-            raise ConfigError(f"{scheme}:// URL is malformed ({exc})") from None
+            problem = redact(str(exc))
+        if problem is not None:
+            raise ConfigError(f"{scheme}:// URL is malformed ({problem})")
         netloc = parts.netloc
         username = password = None
         if "@" in netloc:
@@ -74,8 +75,10 @@ class BrokerURL:
             raise ConfigError(f"{scheme}:// URL must not have a #fragment")
         try:
             pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-        except ValueError:
-            raise ConfigError(f"{scheme}:// URL has a malformed query string") from None
+        except ValueError:  # its text quotes the query
+            pairs = None
+        if pairs is None:
+            raise ConfigError(f"{scheme}:// URL has a malformed query string")
         seen: set[str] = set()
         for name, _ in pairs:
             if name in seen:
@@ -89,8 +92,23 @@ class BrokerURL:
         return MappingProxyType(dict(self.query))
 
     def redacted(self) -> str:
-        """The URL with the password and secret parameters replaced by ``***``."""
+        """The URL with the password, a lone user (a token) and secret parameters as ``***``."""
         return self._render(redact=True)
+
+    def secrets(self) -> tuple[str, ...]:
+        """The credentials this URL carries: the password, a token, secret parameters' values."""
+        found = [self.password] if self.password else []
+        if self.username and self.password is None:
+            found.append(self.username)
+        found += [value for name, value in self.query if value and is_secret_name(name)]
+        return tuple(found)
+
+    def redact(self, text: str) -> str:
+        """``text`` with this URL's secrets, and anything credential-shaped, as ``***``.
+
+        For printing a text brokerkit did not write (a driver's error, a log line).
+        """
+        return redact(text, self.secrets())
 
     def render(self) -> str:
         """The full URL, password included: for handing to a client library only."""
@@ -98,7 +116,9 @@ class BrokerURL:
 
     def _render(self, *, redact: bool) -> str:
         auth = ""
-        if self.username is not None or self.password is not None:
+        if redact and self.username is not None and self.password is None:
+            auth = _REDACTED + "@"
+        elif self.username is not None or self.password is not None:
             auth = quote(self.username or "", safe="")
             if self.password is not None:
                 auth += ":" + (_REDACTED if redact else quote(self.password, safe=""))
@@ -106,7 +126,7 @@ class BrokerURL:
         hosts = ",".join(str(h) for h in self.hosts)
         query = "&".join(
             f"{quote(k, safe='')}="
-            + (_REDACTED if redact and _is_secret(k) else quote(v, safe="/:,"))
+            + (_REDACTED if redact and is_secret_name(k) else quote(v, safe="/:,"))
             for k, v in self.query
         )
         return f"{self.scheme}://{auth}{hosts}{self.path}" + (f"?{query}" if query else "")

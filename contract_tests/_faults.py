@@ -85,9 +85,12 @@ def add_fault_options(parser: pytest.Parser) -> None:
 def real_url(url: object) -> str:
     """The URL to hand to a child process or to rewrite: the real one, password included.
 
-    ``broker_url`` is a plain string or a redacting ``BrokerURL`` (whose ``str`` hides the
-    password); this never prints it, it only passes it on.
+    ``broker_url`` is the suite's ``SecretURL`` (a ``str`` whose ``str()`` hides the
+    password), a ``BrokerURL`` or a plain string; this never prints it, only passes it on.
     """
+    secret_url = getattr(url, "secret_url", None)  # the suite's SecretURL
+    if callable(secret_url):
+        return str(secret_url())
     if isinstance(url, brokerkit.BrokerURL):
         return url.render()
     return str(url)

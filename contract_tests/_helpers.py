@@ -23,9 +23,49 @@ def fresh(prefix: str = "bk") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
+class SecretURL(str):
+    """The URL under test: a ``str`` whose ``repr``, ``str()`` and formatting are redacted.
+
+    ``broker_url`` is one, so wherever pytest prints it (test ids, tracebacks' locals,
+    assertion messages) it shows ``redis://:***@host``, while ``brokerkit.connect`` and
+    string operations read the real URL. A string made from it (``url + "..."``,
+    ``url.replace(...)``) is a plain ``str`` again: :func:`with_param` keeps the type;
+    for anything else, wrap the result (``SecretURL(text)``). :meth:`secret_url` is
+    the real URL as a plain ``str``, for a client library only.
+    """
+
+    _parsed: brokerkit.BrokerURL
+
+    def __new__(cls, url: str) -> SecretURL:
+        self = super().__new__(cls, url)
+        self._parsed = brokerkit.BrokerURL.parse(url)
+        return self
+
+    def secret_url(self) -> str:
+        """The real URL, password included."""
+        return str.__str__(self)
+
+    def redacted(self) -> str:
+        return self._parsed.redacted()
+
+    def redact(self, text: str) -> str:
+        """``text`` with this URL's secrets (and anything credential-shaped) as ``***``."""
+        return self._parsed.redact(text)
+
+    def __str__(self) -> str:
+        return self._parsed.redacted()
+
+    def __repr__(self) -> str:
+        return repr(self._parsed.redacted())
+
+    def __format__(self, spec: str) -> str:
+        return format(self._parsed.redacted(), spec)
+
+
 def with_param(url: str, name: str, value: str) -> str:
-    """``url`` with one more query parameter."""
-    return url + ("&" if urlsplit(url).query or url.endswith("?") else "?") + f"{name}={value}"
+    """``url`` with one more query parameter (a SecretURL stays one)."""
+    out = url + ("&" if urlsplit(url).query or url.endswith("?") else "?") + f"{name}={value}"
+    return SecretURL(out) if isinstance(url, SecretURL) else out
 
 
 async def eventually(

@@ -1,19 +1,31 @@
-"""Fixtures of the contract suite: one parametrized ``broker_url``, connections, fresh names."""
+"""Fixtures of the contract suite: one parametrized ``broker_url``, connections, fresh names.
+
+``broker_url`` is a :class:`~contract_tests._helpers.SecretURL`: a ``str`` whose
+``repr``, ``str()`` and formatting are redacted, so the password shows nowhere pytest
+prints it (test ids, tracebacks' locals, assertion messages), while tests hand it to
+``brokerkit.connect`` as it is. What pytest prints from other frames (a driver's
+locals, strings made from the URL, captured output and logs) is redacted by the hooks
+at the end of this file.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 import brokerkit
 from contract_tests._faults import add_fault_options
-from contract_tests._helpers import fresh
+from contract_tests._helpers import SecretURL, fresh
 
 Connect = Callable[..., Awaitable[brokerkit.Broker]]
+_Factory = Callable[..., logging.LogRecord]
+_FACTORY = pytest.StashKey[_Factory]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -25,25 +37,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="broker URL to run the contract against (repeatable; env BROKERKIT_URLS)",
     )
     group.addoption("--run-slow", action="store_true", help="also run slow tests (long windows)")
+    group.addoption(
+        "--no-env-urls",
+        action="store_true",
+        help="ignore BROKERKIT_URLS: only the --broker-url URLs (brokerkit check URL checks URL)",
+    )
     add_fault_options(parser)  # --restart-cmd, --proxy, --cut-seconds, --soak-long, ...
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "behaviour(name): the CONTRACT.md behaviour a test proves")
     config.addinivalue_line("markers", "slow: long windows, run with --run-slow")
+    try:
+        urls = _urls(config)
+    except brokerkit.BrokerkitError:
+        urls = []  # a bad URL: reported, redacted, when the tests are collected
+    config.stash[_FACTORY] = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(_redacting_factory(urls, config.stash[_FACTORY]))
 
 
-def _urls(config: pytest.Config) -> list[str]:
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _FACTORY in config.stash:  # ``brokerkit check`` runs the suite in its own process
+        logging.setLogRecordFactory(config.stash[_FACTORY])
+
+
+def _urls(config: pytest.Config) -> list[SecretURL]:
     urls: list[str] = list(config.getoption("--broker-url"))
-    env = os.environ.get("BROKERKIT_URLS", "")
-    urls += [u.strip() for u in env.split(",") if u.strip()]
-    return urls or ["memory://"]
+    if not config.getoption("--no-env-urls"):
+        env = os.environ.get("BROKERKIT_URLS", "")
+        urls += [u.strip() for u in env.split(",") if u.strip()]
+    return [SecretURL(u) for u in urls or ["memory://"]]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "broker_url" in metafunc.fixturenames:
         urls = _urls(metafunc.config)
-        ids = [brokerkit.BrokerURL.parse(u).redacted() for u in urls]
+        ids = [u.redacted() for u in urls]
         metafunc.parametrize("broker_url", urls, ids=ids, scope="session")
 
 
@@ -89,7 +118,7 @@ async def made_queues(request: pytest.FixtureRequest) -> AsyncIterator[list[str]
     yield made
     if not made or "broker_url" not in request.fixturenames:
         return
-    url = request.getfixturevalue("broker_url")
+    url: SecretURL = request.getfixturevalue("broker_url")
     try:
         async with brokerkit.connect(url) as broker:
             for name in made:
@@ -97,7 +126,9 @@ async def made_queues(request: pytest.FixtureRequest) -> AsyncIterator[list[str]
     except brokerkit.UnsupportedFeature:
         pass  # a backend without delete_queue: nothing to clean up with
     except Exception as exc:
-        warnings.warn(f"could not delete the test queues {made} on {url}: {exc!r}", stacklevel=1)
+        # ``url`` formats redacted; the error's text may come from a driver: redact it too
+        problem = url.redact(f"{type(exc).__name__}: {exc}")
+        warnings.warn(f"could not delete the test queues {made} on {url}: {problem}", stacklevel=1)
 
 
 @pytest.fixture
@@ -119,3 +150,49 @@ def queue(new_queue: Callable[[str | None], str]) -> str:
 @pytest.fixture
 def group() -> str:
     return fresh("g")
+
+
+def _redact_all(urls: list[SecretURL], text: str) -> str:
+    for url in urls:
+        text = url.redact(text)
+    return text
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Redact what a report prints: the traceback (other frames' locals), captured output."""
+    report = yield
+    urls = _urls(item.config)
+    longrepr: Any = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+        report.longrepr = (*longrepr[:2], _redact_all(urls, str(longrepr[2])))
+    elif longrepr is not None:
+        text = str(longrepr)
+        clean = _redact_all(urls, text)
+        if clean != text:  # keep pytest's own rendering when there is nothing to hide
+            report.longrepr = clean
+    report.sections = [(title, _redact_all(urls, body)) for title, body in report.sections]
+    return report
+
+
+def _redacting_factory(urls: list[SecretURL], make: _Factory) -> _Factory:
+    """A log record factory whose records' messages are redacted when made.
+
+    So no handler sees a secret: live logging (``--log-cli-level``) and captured logs
+    print records as they are, and a client library may log its settings at DEBUG.
+    """
+
+    def redacting(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: logging reports it when it is handled
+            return record
+        clean = _redact_all(urls, message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return record
+
+    return redacting

@@ -27,7 +27,7 @@ import pytest
 
 import brokerkit
 from contract_tests._faults import NOT_RUN, in_process, real_url, record
-from contract_tests._helpers import SCALE, WAIT, eventually
+from contract_tests._helpers import SCALE, WAIT, SecretURL, eventually
 from contract_tests._proxy import through_proxy
 from contract_tests._stream import AFTER_RECOVERY, PACE, Stream, violations
 from contract_tests.conftest import Connect
@@ -58,18 +58,18 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
     cut_for = float(request.config.getoption("--cut-seconds"))
     fixed = int(request.config.getoption("--proxy-port"))
     started = time.monotonic()
-    url = real_url(broker_url)
+    url = SecretURL(real_url(broker_url))  # printed redacted, wherever pytest prints it
     # one proxy for the producer, one for the consumers (one for all with a fixed port)
     producer_path = through_proxy(url, fixed)
     consumer_path = producer_path if fixed else through_proxy(url)
     stream: Stream | None = None
     consumers: list[brokerkit.Consumer] = []
     try:
-        producer = await connect(producer_path.url)
+        producer = await connect(SecretURL(producer_path.url))
         slack = producer.capabilities.redelivery_slack
         flush = producer.capabilities.ack_flush_interval
         for _ in range(2):
-            conn = await connect(consumer_path.url)
+            conn = await connect(SecretURL(consumer_path.url))
             consumer = conn.consumer(queue, group, ack_timeout=ACK_TIMEOUT, close_timeout=1.0)
             await consumer.open()
             consumers.append(consumer)
@@ -153,7 +153,7 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
         evidence = "messages published during the cut delivered before the restore"
     figures = stream.figures(cut_at, restored_at, flush, 0.0)
     figures.update(
-        scheme=url.split(":", 1)[0],
+        scheme=url.redacted().split(":", 1)[0],
         during=during,
         cut_s=round(restored_at - cut_at, 1),
         proxy_connections=producer_path.connections

@@ -28,6 +28,8 @@ TOOLS = {
     "brokerkit._demo",
     "brokerkit._bench",
     "brokerkit._ops_cli",
+    "brokerkit._guard",
+    "brokerkit.__main__",
 }
 FACADE = {"brokerkit", "brokerkit._broker", "brokerkit._consumer", "brokerkit._registry"}
 TOOLKIT = {"brokerkit.backends", "brokerkit.backends.base"}

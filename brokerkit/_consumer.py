@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from brokerkit._alone import LastAttempt
 from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
@@ -32,9 +33,6 @@ _POLL_WAIT = 1.0
 # While a fetch is in flight, the iterator yields to the event loop once per this many
 # messages handed out, so the fetch progresses even under a caller that never waits.
 _YIELD_EVERY = 32
-
-# Ids of redelivered messages put behind first-time ones, remembered up to this many.
-_MAX_DEFERRED = 10_000
 
 _UNSETTLED, _SETTLING, _SETTLED, _LOST = "unsettled", "settling", "settled", "lost"
 
@@ -145,7 +143,7 @@ class Message:
             await self._settle(lambda d: self._consumer.move_to_dlq(d, REASON_MAX_ATTEMPTS))
         else:
             await self._settle(lambda d: self._receiver.nack(d, seconds))
-            self._consumer.nacked(self)
+            self._consumer.alone.nacked(self.id, self.attempt)
 
     async def dead_letter(self, reason: str) -> None:
         """Move to the queue's DLQ now, whatever the attempt count."""
@@ -265,12 +263,7 @@ class Consumer:
         self._since_yield = 0
         self._held: set[Message] = set()  # handed out, not yet settled
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
-        # a redelivered message (attempt > 1) is handed out alone: see _alone
-        self._suspect: Message | None = None
-        self._deferred: set[str] = set()
-        self._nacked: dict[str, int] = {}  # id -> attempt, of messages this consumer nacked
-        self._settle_seen: asyncio.Event | None = None  # set on every settle while waited on
-        self._last_settle = 0.0
+        self.alone = LastAttempt()  # a redelivered message's last attempt goes alone
         self._fetch: asyncio.Task[list[Delivery[Any]]] | None = None
         self._closing = False
         self._closed: asyncio.Future[None] | None = None
@@ -310,8 +303,8 @@ class Consumer:
         if receiver is None:
             await self.open()
             receiver = self._live_receiver()
-        if self._suspect is not None:
-            await self._until_settled(self._suspect)
+        if self.alone.held is not None:
+            await self.alone.until_settled()
         while True:
             # state is re-read after every await: close (or another iterating task) may
             # have moved it meanwhile
@@ -342,32 +335,17 @@ class Consumer:
                         delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
                     )
                     continue
-                # its last attempt, after a redelivery this consumer did not cause: alone
-                suspect = 1 < delivery.attempt >= self.max_attempts and not self.dead_letters
-                if suspect and self._suspect_of(delivery):
-                    if delivery.id not in self._deferred and self._first_timers_behind():
-                        # first-time messages go first (once: it must not wait out its lease)
-                        if len(self._deferred) >= _MAX_DEFERRED:
-                            self._deferred.clear()
-                        self._deferred.add(delivery.id)
-                        self._buffer.append((deadline, [delivery]))
-                        self._buffered += 1
+                alone = self.alone
+                if alone.suspect(delivery, self):
+                    if alone.defer(delivery, deadline, self):
                         continue
-                    self._deferred.discard(delivery.id)
-                    try:
-                        await self._alone(receiver)
-                    except asyncio.CancelledError:
-                        self._buffer.appendleft((deadline, [delivery]))  # cancel-safe: kept
-                        self._buffered += 1
-                        raise
+                    await alone.isolate(delivery, deadline, receiver, self)
                     if _now() > deadline:
                         continue
-                else:
-                    suspect = False
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
-                if suspect:
-                    self._suspect = message
+                if alone.pending is delivery:
+                    alone.hand_out(message)
                 return message
             if self._buffer:
                 self._batch_deadline, self._batch = self._buffer.popleft()
@@ -416,87 +394,9 @@ class Consumer:
     def settled(self, message: Message) -> None:
         """A held message was settled (or its lease lost): it is no longer held."""
         self._held.discard(message)
-        self._last_settle = _now()
-        if self._settle_seen is not None:
-            self._settle_seen.set()
+        self.alone.settled()
         if self._drained is not None and not self._held:
             self._drained.set()
-
-    def nacked(self, message: Message) -> None:
-        """``message`` was nacked here: its redelivery is no crash suspect (for _alone)."""
-        if len(self._nacked) >= _MAX_DEFERRED:
-            self._nacked.clear()
-        self._nacked[message.id] = message.attempt
-
-    def _suspect_of(self, delivery: Delivery[Any]) -> bool:
-        """A redelivery this consumer did not cause by a nack: maybe a crash's (see _alone)."""
-        return self._nacked.pop(delivery.id, None) != delivery.attempt - 1
-
-    def _first_timers_behind(self) -> bool:
-        """True if a first-time delivery is buffered behind the one being handed out."""
-        if any(d.attempt == 1 for d in self._batch[self._batch_pos :]):
-            return True
-        return any(d.attempt == 1 for _, batch in self._buffer for d in batch)
-
-    async def _until(self, done: Callable[[], bool], deadline: float) -> None:
-        """Wait until ``done()`` (re-checked at every settle) or ``deadline``."""
-        while not done():
-            left = deadline - _now()
-            if left <= 0:
-                return
-            seen = self._settle_seen = asyncio.Event()
-            waiter = asyncio.ensure_future(seen.wait())
-            try:
-                await asyncio.wait([waiter], timeout=left)
-            finally:
-                waiter.cancel()
-                if self._settle_seen is seen:
-                    self._settle_seen = None
-
-    async def _until_settled(self, suspect: Message) -> None:
-        """Hand out nothing more while a redelivered message is held (to its lease end)."""
-        await self._until(lambda: suspect._state not in (_UNSETTLED, _SETTLING), suspect._deadline)
-        if self._suspect is suspect:
-            self._suspect = None
-
-    async def _alone(self, receiver: Receiver[Any]) -> None:
-        """Before a redelivered message's last attempt (``max_attempts``) is handed out:
-        make it the only one.
-
-        It may be the message that crashed its last consumers, and may crash this one:
-        then no innocent neighbour must be pushed past ``max_attempts`` with it, into the
-        DLQ (issue 16). Earlier attempts need nothing: a neighbour that lost an attempt
-        (fetched ahead by a crashed consumer, or its coalesced ack lost with it) still
-        has attempts left, and this is where it stops losing them. So first what
-        the caller holds is settled (never waiting past those leases), what was fetched
-        ahead is given back where the receiver's ``release_uncounted`` says that counts
-        no attempt (elsewhere a release would count one: it stays), the acks made so far are
-        given ``capabilities.ack_flush_interval`` to reach the broker, and nothing more is
-        fetched or handed out until it is settled (``_until_settled``).
-        """
-        if self._held:
-            last = max(m._deadline for m in self._held)
-            await self._until(lambda: not self._held, last)
-        fetch = self._fetch
-        if fetch is not None:
-            await asyncio.wait([fetch])
-            self._collect(fetch)
-        if receiver.release_uncounted:
-            now = _now()
-            rest = self._batch[self._batch_pos :] if self._batch_deadline > now else []
-            for deadline, batch in self._buffer:
-                if deadline > now:
-                    rest += batch
-            self._batch, self._batch_pos, self._buffered = [], 0, 0
-            self._buffer.clear()
-            if rest:
-                with contextlib.suppress(LeaseExpired):
-                    await receiver.release(rest)
-        backend = self._backend
-        flush = backend.capabilities.ack_flush_interval if backend is not None else 0.0
-        wait = self._last_settle + flush - _now()
-        if wait > 0:
-            await asyncio.sleep(wait)
 
     def _live_receiver(self) -> Receiver[Any]:
         if self._receiver is None:

@@ -45,7 +45,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 import brokerkit
 from brokerkit._bench import consume_rate, publish_rate, summary
-from brokerkit.backends.base import ReceiverSettings
+from brokerkit.backends import QueueRef, ReceiverSettings
 
 BODY = b"x" * 100
 BATCH = 500
@@ -136,7 +136,7 @@ async def bk_receive(url: str, queue: str, n: int) -> float:
     async with brokerkit.connect(url) as broker:
         await broker.open()
         receiver = await broker.backend.subscribe(
-            queue, "bench-recv", ReceiverSettings(ack_timeout=30.0, max_attempts=5, prefetch=BATCH)
+            QueueRef(queue), "bench-recv", ReceiverSettings(ack_timeout=30.0)
         )
         try:
             got, start = 0, 0.0

@@ -1,4 +1,4 @@
-"""Pure logic of the Kafka backend: the commit-metadata codec, the dedup memory, options."""
+"""Pure logic of the Kafka backend: the commit-metadata codec, options, ``from_client``."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
-from brokerkit._errors import ConfigError
-from brokerkit._url import BrokerURL
+from brokerkit.backends import BrokerURL, ConfigError
 from brokerkit.backends.kafka import KafkaBackend
 from brokerkit.backends.kafka._offsets import (
     SETTLED,
-    DedupMemory,
     OffsetState,
     decode_metadata,
     encode_metadata,
@@ -51,15 +49,6 @@ def test_foreign_or_damaged_metadata_reads_as_empty(junk: str | None) -> None:
     assert decode_metadata(0, junk) == {}
 
 
-def test_dedup_memory_judges_by_record_timestamps() -> None:
-    mem = DedupMemory(2.0)
-    assert not mem.is_duplicate("a", 1_000)
-    assert mem.is_duplicate("a", 2_999)
-    assert not mem.is_duplicate("b", 2_999)
-    assert not mem.is_duplicate("a", 3_000)  # window over: delivered again
-    assert mem.is_duplicate("a", 4_000)
-
-
 def test_options_parse_and_reject_unknown_parameters() -> None:
     backend = KafkaBackend.from_url(
         BrokerURL.parse("kafka://h1:9092,h2?partitions=12&dedup_window=2")
@@ -85,12 +74,12 @@ def test_credentials_need_sasl_and_never_show() -> None:
     assert "s3cret" not in repr(backend)
 
 
-def test_from_config_takes_the_users_client_settings() -> None:
-    backend = KafkaBackend.from_config({"bootstrap.servers": "k1:9093"}, partitions=3)
+def test_from_client_takes_the_users_client_settings() -> None:
+    backend = KafkaBackend.from_client({"bootstrap.servers": "k1:9093"}, partitions=3)
     assert backend.options.partitions == 3
     assert str(backend.hosts[0]) == "k1:9093"
     with pytest.raises(ConfigError):
-        KafkaBackend.from_config({})
+        KafkaBackend.from_client({})
 
 
 def test_linger_option_sets_the_producers_linger_and_keeps_the_contracts_settings() -> None:
@@ -102,10 +91,52 @@ def test_linger_option_sets_the_producers_linger_and_keeps_the_contracts_setting
     with pytest.raises(ConfigError, match="linger"):
         KafkaBackend.from_url(BrokerURL.parse("kafka://h1?linger=-1"))
     # the user's own client settings: their linger.ms holds, acks=1 does not
-    own = KafkaBackend.from_config({"bootstrap.servers": "k1", "linger.ms": 20, "acks": 1})
+    own = KafkaBackend.from_client({"bootstrap.servers": "k1", "linger.ms": 20, "acks": 1})
     assert own.producer_config()["linger.ms"] == 20.0
     assert own.producer_config()["acks"] == "all"
-    keyword = KafkaBackend.from_config({"bootstrap.servers": "k1", "linger.ms": 20}, linger=0.005)
+    keyword = KafkaBackend.from_client({"bootstrap.servers": "k1", "linger.ms": 20}, linger=0.005)
     assert keyword.producer_config()["linger.ms"] == 5.0
     with pytest.raises(ConfigError, match=r"linger\.ms"):
-        KafkaBackend.from_config({"bootstrap.servers": "k1", "linger.ms": "soon"})
+        KafkaBackend.from_client({"bootstrap.servers": "k1", "linger.ms": "soon"})
+
+
+def test_the_error_table_maps_driver_errors_to_one_hierarchy_and_keeps_the_cause() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from brokerkit.backends import (
+        BrokerRefused,
+        BrokerUnavailable,
+        HostPort,
+        MessageTooLarge,
+    )
+    from brokerkit.backends.kafka._errors import error_map, is_transient
+
+    errors = error_map((HostPort("k1", 9093), HostPort("k2", 9092)))
+
+    def mapped(code: int) -> BaseException:
+        with pytest.raises(Exception) as info:
+            with errors:
+                raise KafkaException(KafkaError(code))
+        assert isinstance(info.value.__cause__, KafkaException)
+        return info.value
+
+    refused = mapped(KafkaError.INVALID_REPLICATION_FACTOR)
+    assert isinstance(refused, BrokerRefused)
+    assert refused.code == "INVALID_REPLICATION_FACTOR"
+    assert isinstance(mapped(KafkaError.MSG_SIZE_TOO_LARGE), MessageTooLarge)
+    assert isinstance(mapped(KafkaError.SASL_AUTHENTICATION_FAILED), ConfigError)
+    down = mapped(KafkaError._ALL_BROKERS_DOWN)
+    assert isinstance(down, BrokerUnavailable)
+    assert (down.host, down.port) == ("k1", 9093) and "k2:9092" in str(down)
+    assert is_transient(KafkaException(KafkaError(KafkaError._TRANSPORT)))
+    assert not is_transient(KafkaException(KafkaError(KafkaError.INVALID_REPLICATION_FACTOR)))
+
+
+async def test_a_backend_that_is_not_open_raises_resource_closed() -> None:
+    from brokerkit.backends import Outgoing, QueueRef, ResourceClosed
+
+    backend = KafkaBackend.from_url(BrokerURL.parse("kafka://127.0.0.1:1"))
+    with pytest.raises(ResourceClosed):
+        await backend.publish(QueueRef("q"), [Outgoing(b"x")])
+    with pytest.raises(ResourceClosed):
+        await backend.delete_queue("q")

@@ -1,4 +1,4 @@
-"""``_Batch``, the delivery reports of one Kafka ``publish``: who completes its future.
+"""``Batch``, the delivery reports of one Kafka ``publish``: who completes its future.
 
 No broker: the reports are fed by hand, from the loop's thread (as ``publish``'s own
 ``poll(0)``/``flush`` serve them) and from another thread (as the poll thread does).
@@ -13,18 +13,18 @@ import pytest
 
 pytest.importorskip("confluent_kafka")
 
-from _kafka_loop import StubMessage
+from _kafka_stub import StubMessage
 from confluent_kafka import KafkaError
 
-from brokerkit._errors import BrokerkitError
-from brokerkit._url import HostPort
-from brokerkit.backends.kafka._backend import _Batch
+from brokerkit.backends import BrokerUnavailable, HostPort
+from brokerkit.backends.kafka._errors import error_map
+from brokerkit.backends.kafka._produce import Batch
 
-HOSTS = (HostPort("127.0.0.1", 9092),)
+ERRORS = error_map((HostPort("127.0.0.1", 9092),))
 
 
 async def test_reports_served_on_the_loop_thread_complete_the_batch_at_once() -> None:
-    batch = _Batch(asyncio.get_running_loop(), 2, HOSTS)
+    batch = Batch(asyncio.get_running_loop(), 2, ERRORS)
     batch.report(0, None, StubMessage(10, 3))
     assert not batch.future.done()  # one report still missing
     batch.report(1, None, StubMessage(11, 3))
@@ -35,7 +35,7 @@ async def test_reports_served_on_the_loop_thread_complete_the_batch_at_once() ->
 
 
 async def test_reports_served_on_another_thread_wake_the_loop() -> None:
-    batch = _Batch(asyncio.get_running_loop(), 2, HOSTS)
+    batch = Batch(asyncio.get_running_loop(), 2, ERRORS)
 
     def poll_thread() -> None:
         batch.report(1, None, StubMessage(5, 0))
@@ -52,21 +52,21 @@ async def test_reports_served_on_another_thread_wake_the_loop() -> None:
 async def test_a_failed_report_fails_the_whole_batch_on_either_path() -> None:
     loop = asyncio.get_running_loop()
     failed = KafkaError(KafkaError._MSG_TIMED_OUT)
-    here = _Batch(loop, 2, HOSTS)
+    here = Batch(loop, 2, ERRORS)
     here.report(0, failed, None)
     here.report(1, None, StubMessage(1, 0))
-    with pytest.raises(BrokerkitError):
+    with pytest.raises(BrokerUnavailable, match=r"127\.0\.0\.1:9092"):
         await here.future
-    there = _Batch(loop, 1, HOSTS)
+    there = Batch(loop, 1, ERRORS)
     thread = threading.Thread(target=there.report, args=(0, failed, None))
     thread.start()
     thread.join()
-    with pytest.raises(BrokerkitError):
+    with pytest.raises(BrokerUnavailable, match=r"127\.0\.0\.1:9092"):
         await asyncio.wait_for(there.future, 5.0)
 
 
 async def test_a_shrunk_batch_completes_once_the_produced_records_reported() -> None:
-    batch = _Batch(asyncio.get_running_loop(), 3, HOSTS)
+    batch = Batch(asyncio.get_running_loop(), 3, ERRORS)
     batch.report(0, None, StubMessage(7, 0))
     batch.shrink(1)  # the second produce call failed: two records never handed over
     assert batch.future.done()

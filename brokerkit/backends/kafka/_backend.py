@@ -5,12 +5,13 @@
   a call of 64+ records ends with ``flush(0.001)`` (sent without waiting out the
   linger); returns once every delivery report arrived. The record key is the
   fifo_group (else the dedup id, else none), so a group, and every copy of a dedup
-  id, lives in one partition.
+  id, lives in one partition. A DLQ ref publishes to the DLQ topic (the seam's
+  copy-then-settle ``dead_letter`` goes through here).
 * queue -> topic ``<prefix>.<queue>`` (``?partitions=``) plus DLQ topic
   ``<prefix>-dlq.<queue>`` (one partition: total death order), created with the
-  AdminClient on first use (TOPIC_ALREADY_EXISTS is success) and awaited in the
-  metadata before use.
-* subscribe -> a ``_Receiver`` (one Consumer in its own thread) in Kafka group
+  AdminClient on first use or by ``declare`` (TOPIC_ALREADY_EXISTS is success) and
+  awaited in the metadata before use.
+* subscribe -> a ``KafkaReceiver`` (one Consumer in its own thread) in Kafka group
   ``<prefix>.<queue>.<group>`` (``<prefix>-dlq.<queue>.<group>`` for the DLQ).
 """
 
@@ -19,34 +20,43 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from brokerkit._errors import BrokerkitError, ConfigError
-from brokerkit._message import Outgoing, PublishResult, publish_results
-from brokerkit._retry import retry_unavailable
-from brokerkit._url import BrokerURL, HostPort
-from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSettings
-from brokerkit.backends.kafka._errors import is_transient, map_error
+from brokerkit.backends import (
+    DEDUP_ID_HEADER,
+    FIFO_GROUP_HEADER,
+    Backend,
+    BrokerUnavailable,
+    BrokerURL,
+    Capabilities,
+    ConfigError,
+    HostPort,
+    Outgoing,
+    PublishResult,
+    QueueRef,
+    ReceiverSettings,
+    ResourceClosed,
+    retry_unavailable,
+)
+from brokerkit.backends.kafka._errors import is_transient
+from brokerkit.backends.kafka._link import KafkaLink
 from brokerkit.backends.kafka._options import (
-    LOG,
     KafkaOptions,
     bootstrap_hosts,
     client_config,
     hosts_from_servers,
     options_from_url,
 )
+from brokerkit.backends.kafka._produce import Batch, Headers, produce
+from brokerkit.backends.kafka._receiver import KafkaReceiver
 
-__all__ = ["DEDUP_HEADER", "GROUP_HEADER", "KafkaBackend"]
-
-GROUP_HEADER = "x-brokerkit-fifo-group"
-DEDUP_HEADER = "x-brokerkit-dedup-id"
+__all__ = ["KafkaBackend"]
 
 MAX_BODY = 900 * 1024
 """Largest body: librdkafka's ``message.max.bytes`` (1 MB) minus headers, key and framing."""
@@ -57,10 +67,6 @@ _POLL_EVERY = 64
 _FLUSH_MIN = 64
 _FLUSH_WAIT = 0.001
 """A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)``."""
-
-
-def _on_error(err: KafkaError) -> None:
-    LOG.debug("kafka client error: %s", err)
 
 
 class KafkaBackend(Backend):
@@ -74,11 +80,9 @@ class KafkaBackend(Backend):
     def __init__(
         self, conf: Mapping[str, Any], options: KafkaOptions, hosts: Sequence[HostPort]
     ) -> None:
+        self.link = KafkaLink(conf, options, hosts)
         self.options = options
-        self.hosts = tuple(hosts)
-        self._conf = dict(conf)
-        self._conf.setdefault("logger", LOG)
-        self._conf.setdefault("error_cb", _on_error)
+        self.hosts = self.link.hosts
         self.capabilities = Capabilities(
             max_message_bytes=MAX_BODY,
             dedup_window=options.dedup_window,
@@ -93,7 +97,6 @@ class KafkaBackend(Backend):
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
         self._topics: dict[str, asyncio.Future[None]] = {}
-        self._receivers: set[Receiver] = set()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -107,85 +110,52 @@ class KafkaBackend(Backend):
         return cls(client_config(url, options), options, bootstrap_hosts(url))
 
     @classmethod
-    def from_config(cls, conf: Mapping[str, Any], **options: Any) -> KafkaBackend:
+    def from_client(cls, conf: Mapping[str, Any], **options: Any) -> KafkaBackend:
         """A backend from the user's own librdkafka settings (``bootstrap.servers``, SASL, TLS...).
 
         ``options`` are the URL query options as keywords (``partitions=12``).
-        Use it with ``brokerkit.from_backend(KafkaBackend.from_config({...}))``.
+        Use it with ``brokerkit.from_backend(KafkaBackend.from_client({...}))``.
         """
         servers = conf.get("bootstrap.servers")
         if not isinstance(servers, str) or not servers:
-            raise ConfigError("KafkaBackend.from_config needs 'bootstrap.servers'")
+            raise ConfigError("KafkaBackend.from_client needs 'bootstrap.servers'")
         if "linger.ms" in conf and "linger" not in options:  # the user's own setting holds
             try:
                 options["linger"] = float(conf["linger.ms"]) / 1000.0
             except (TypeError, ValueError) as exc:
-                raise ConfigError("KafkaBackend.from_config: 'linger.ms' must be a number") from exc
+                raise ConfigError("KafkaBackend.from_client: 'linger.ms' must be a number") from exc
         try:
             parsed = KafkaOptions.model_validate(options)
         except Exception as exc:
             names = ", ".join(sorted(KafkaOptions.model_fields))
-            raise ConfigError(f"KafkaBackend.from_config: bad options (known: {names})") from exc
+            raise ConfigError(f"KafkaBackend.from_client: bad options (known: {names})") from exc
         return cls(conf, parsed, hosts_from_servers(servers))
 
-    # -- topics and groups --------------------------------------------------------------------
-
-    def topic(self, queue: str, *, dead_letters: bool = False) -> str:
-        prefix = self.options.topic_prefix
-        return f"{prefix}-dlq.{queue}" if dead_letters else f"{prefix}.{queue}"
-
-    def group_id(self, queue: str, group: str, *, dead_letters: bool = False) -> str:
-        return f"{self.topic(queue, dead_letters=dead_letters)}.{group}"
-
-    def consumer_config(self, group_id: str) -> dict[str, Any]:
-        conf = {k: v for k, v in self._conf.items() if k != "error_cb"}
-        conf.update(
-            {
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
-                "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": int(self.options.session_timeout * 1000),
-                "heartbeat.interval.ms": int(self.options.heartbeat_interval * 1000),
-                "fetch.wait.max.ms": 100,
-                "enable.partition.eof": False,
-                "error_cb": _on_error,
-            }
-        )
-        return conf
-
     def producer_config(self) -> dict[str, Any]:
-        """The client settings plus what the contract needs of the producer (durable,
-        ordered, one partitioner for every brokerkit client) and the ``linger`` option."""
-        conf = dict(self._conf)
-        conf.update(
-            {
-                "acks": "all",
-                "enable.idempotence": True,
-                "partitioner": "murmur2_random",
-                "linger.ms": self.options.linger * 1000.0,
-                "message.max.bytes": 1_000_000,
-            }
-        )
-        return conf
+        """The librdkafka settings of this connection's producer."""
+        return self.link.producer_config()
 
-    async def ensure_queue(self, queue: str) -> None:
-        """Create the queue's topic and DLQ topic once (per connection), concurrency-safe."""
-        fut = self._topics.get(queue)
+    # -- topics ---------------------------------------------------------------------------------
+
+    async def declare(self, queue: QueueRef, group: str | None = None) -> None:
+        """Create the queue's topic and DLQ topic once (per connection), concurrency-safe.
+
+        A Kafka consumer group exists once a member joined it; a new group starts at the
+        oldest retained record either way, so ``group`` needs nothing here.
+        """
+        name = queue.name
+        fut = self._topics.get(name)
         if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
-            fut = asyncio.ensure_future(asyncio.to_thread(self._create_topics, queue))
-            self._topics[queue] = fut
+            fut = asyncio.ensure_future(asyncio.to_thread(self._create_topics, name))
+            self._topics[name] = fut
         await asyncio.shield(fut)
 
     def _create_topics(self, queue: str) -> None:
         admin = self._live_admin()
-        opts = self.options
-        wanted = {
-            self.topic(queue): opts.partitions,
-            self.topic(queue, dead_letters=True): 1,
-        }
-        try:
+        opts, link = self.options, self.link
+        ref = QueueRef(queue)
+        wanted = {link.topic(ref): opts.partitions, link.topic(ref.dlq): 1}
+        with link.errors:
             futures = admin.create_topics(
                 [NewTopic(t, n, opts.replication_factor) for t, n in wanted.items()],
                 operation_timeout=10,
@@ -196,12 +166,8 @@ class KafkaBackend(Backend):
             for name in wanted:
                 while not self._topic_ready(admin, name):
                     if time.monotonic() > deadline:
-                        raise BrokerkitError(f"kafka: topic {name!r} is not in the metadata")
+                        raise self._unavailable(f"kafka: topic {name!r} is not in the metadata")
                     time.sleep(0.05)
-        except BrokerkitError:
-            raise
-        except Exception as exc:
-            raise map_error(exc, self.hosts) from exc
 
     async def delete_queue(self, queue: str) -> None:
         """``delete_topics`` of the queue's topic and DLQ topic, awaited until the metadata
@@ -212,14 +178,17 @@ class KafkaBackend(Backend):
 
     def _delete_topics(self, queue: str) -> None:
         admin = self._live_admin()
-        names = [self.topic(queue), self.topic(queue, dead_letters=True)]
-        try:
+        ref = QueueRef(queue)
+        names = [self.link.topic(ref), self.link.topic(ref.dlq)]
+        with self.link.errors:
             deleted = admin.delete_topics(names, operation_timeout=10, request_timeout=15)
             _results(deleted.values(), KafkaError.UNKNOWN_TOPIC_OR_PART)
             deadline = time.monotonic() + _TOPIC_READY_TIMEOUT
             while any(name in admin.list_topics(timeout=5).topics for name in names):
                 if time.monotonic() > deadline:
-                    raise BrokerkitError(f"kafka: topics {names} are still listed after deletion")
+                    raise self._unavailable(
+                        f"kafka: topics {names} are still listed after deletion"
+                    )
                 time.sleep(0.05)
             prefixes = tuple(f"{name}." for name in names)
             listing = admin.list_consumer_groups(request_timeout=15).result()
@@ -230,10 +199,11 @@ class KafkaBackend(Backend):
                     KafkaError.GROUP_ID_NOT_FOUND,
                     KafkaError.NON_EMPTY_GROUP,  # a member elsewhere; its offsets went anyway
                 )
-        except BrokerkitError:
-            raise
-        except Exception as exc:
-            raise map_error(exc, self.hosts) from exc
+
+    def _unavailable(self, text: str) -> BrokerUnavailable:
+        """The broker answered but did not get there in time."""
+        first = self.hosts[0] if self.hosts else HostPort("localhost", 9092)
+        return BrokerUnavailable(text, host=first.host, port=first.port)
 
     @staticmethod
     def _topic_ready(admin: AdminClient, name: str) -> bool:
@@ -246,17 +216,19 @@ class KafkaBackend(Backend):
 
     def _live_admin(self) -> AdminClient:
         if self._admin is None:
-            raise BrokerkitError("kafka backend is not open")
+            raise ResourceClosed("kafka backend is not open")
         return self._admin
 
     def _live_producer(self) -> Producer:
         if self._producer is None:
-            raise BrokerkitError("kafka backend is not open")
+            raise ResourceClosed("kafka backend is not open")
         return self._producer
 
     async def open(self) -> None:
         """AdminClient.list_topics with a bounded retry; then the producer and its poll thread."""
-        admin = AdminClient(dict(self._conf))
+        link = self.link
+        with link.errors:
+            admin = AdminClient(link.admin_config())
 
         async def probe() -> None:
             await asyncio.to_thread(admin.list_topics, timeout=2.0)
@@ -264,10 +236,8 @@ class KafkaBackend(Backend):
         await retry_unavailable(
             probe, what="Kafka", hosts=self.hosts, is_transient=is_transient, deadline=10.0
         )
-        try:
-            self._producer = Producer(self.producer_config())
-        except KafkaException as exc:
-            raise map_error(exc, self.hosts) from exc
+        with link.errors:
+            self._producer = Producer(link.producer_config())
         self._admin = admin
         self._poller = threading.Thread(
             target=self._poll_loop, name="brokerkit-kafka-producer", daemon=True
@@ -283,7 +253,7 @@ class KafkaBackend(Backend):
         if self._closed:
             return
         self._closed = True
-        for receiver in list(self._receivers):
+        for receiver in list(self.link.receivers):
             await receiver.aclose()
         producer = self._producer
         if producer is not None:
@@ -294,25 +264,26 @@ class KafkaBackend(Backend):
 
     # -- publishing ---------------------------------------------------------------------------
 
-    async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """One ``produce`` per message, one future for the whole batch (see ``_Batch``).
+    async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """One ``produce`` per message, one future for the whole batch (see ``Batch``).
 
         The loop also serves ready delivery reports itself (``poll(0)`` every
         ``_POLL_EVERY`` records and after the last): run on this thread they need
         no GIL hand-over, whereas the poll thread, wanting the GIL for each report
         while this loop runs, would get it only once per switch interval (5 ms).
         """
-        if not self._topic_known(queue):
-            await self.ensure_queue(queue)
-        topic = self.topic(queue)
-        batch = _Batch(asyncio.get_running_loop(), len(messages), self.hosts)
+        if not self._topic_known(queue.name):
+            await self.declare(queue)
+        topic = self.link.topic(queue)
+        errors = self.link.errors
+        batch = Batch(asyncio.get_running_loop(), len(messages), errors)
         producer = self._live_producer()
         produced = 0
-        produce, poll = producer.produce, producer.poll
+        produce_now, poll = producer.produce, producer.poll
         report = batch.report
         try:
             for msg in messages:
-                record_headers: list[tuple[str, str | bytes | None]] | None = None
+                record_headers: Headers | None = None
                 if msg.headers:
                     record_headers = [(k, v.encode()) for k, v in msg.headers.items()]
                 group, dedup = msg.fifo_group, msg.dedup_id
@@ -320,15 +291,19 @@ class KafkaBackend(Backend):
                 if group is not None or dedup is not None:
                     record_headers = record_headers or []
                     if group is not None:
-                        record_headers.append((GROUP_HEADER, group.encode()))
+                        record_headers.append((FIFO_GROUP_HEADER, group.encode()))
                     if dedup is not None:
-                        record_headers.append((DEDUP_HEADER, dedup.encode()))
+                        record_headers.append((DEDUP_ID_HEADER, dedup.encode()))
                     key = (group if group is not None else str(dedup)).encode()
                 on_delivery = functools.partial(report, produced)
                 try:  # the common case inline; a full queue or an error goes the slow way
-                    produce(topic, msg.body, key, headers=record_headers, on_delivery=on_delivery)
+                    produce_now(
+                        topic, msg.body, key, headers=record_headers, on_delivery=on_delivery
+                    )
                 except (BufferError, KafkaException):
-                    await self._produce(producer, topic, msg.body, key, record_headers, on_delivery)
+                    await produce(
+                        producer, topic, msg.body, key, record_headers, on_delivery, errors
+                    )
                 produced += 1
                 if not produced % _POLL_EVERY:
                     poll(0)
@@ -346,154 +321,16 @@ class KafkaBackend(Backend):
         fut = self._topics.get(queue)
         return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
 
-    async def _produce(
-        self,
-        producer: Producer,
-        topic: str,
-        body: bytes,
-        key: bytes | None,
-        headers: list[tuple[str, str | bytes | None]] | None,
-        on_delivery: Callable[[KafkaError | None, Any], None],
-    ) -> None:
-        """``Producer.produce``; waits (bounded) while librdkafka's queue is full."""
-        try:
-            producer.produce(topic, value=body, key=key, headers=headers, on_delivery=on_delivery)
-            return
-        except BufferError:
-            pass
-        except KafkaException as exc:
-            raise map_error(exc, self.hosts) from exc
-        deadline = time.monotonic() + 30.0
-        while True:
-            await asyncio.sleep(0.005)
-            try:
-                producer.produce(
-                    topic, value=body, key=key, headers=headers, on_delivery=on_delivery
-                )
-                return
-            except BufferError as exc:
-                if time.monotonic() > deadline:
-                    raise map_error(exc, self.hosts) from exc
-            except KafkaException as exc:
-                raise map_error(exc, self.hosts) from exc
-
-    async def produce(
-        self, topic: str, body: bytes, key: str | None, headers: Mapping[str, str]
-    ) -> asyncio.Future[None]:
-        """Hand one record to librdkafka; the future resolves with its delivery report."""
-        batch = _Batch(asyncio.get_running_loop(), 1, self.hosts)
-        record_headers: list[tuple[str, str | bytes | None]] = [
-            (k, v.encode()) for k, v in headers.items()
-        ]
-        try:
-            await self._produce(
-                self._live_producer(),
-                topic,
-                body,
-                key.encode() if key is not None else None,
-                record_headers,
-                functools.partial(batch.report, 0),
-            )
-        except BaseException:
-            batch.shrink(0)
-            raise
-        return batch.future
-
     # -- consuming ----------------------------------------------------------------------------
 
     async def subscribe(
-        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
-    ) -> Receiver:
-        from brokerkit.backends.kafka._receiver import KafkaReceiver
-
-        await self.ensure_queue(queue)
-        receiver = KafkaReceiver(
-            self,
-            queue,
-            self.topic(queue, dead_letters=dead_letters),
-            self.group_id(queue, group, dead_letters=dead_letters),
-            settings,
-        )
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> KafkaReceiver:
+        await self.declare(queue)
+        receiver = KafkaReceiver(self.link, queue, group, settings)
         await receiver.start()
-        self._receivers.add(receiver)
+        self.link.receivers.add(receiver)
         return receiver
-
-    def forget(self, receiver: Receiver) -> None:
-        self._receivers.discard(receiver)
-
-
-class _Batch:
-    """The delivery reports of one ``publish`` call, counted down where they are served.
-
-    Reports are served by ``poll`` on the poll thread or on the event loop's
-    thread (``publish`` polls too). Each stores its record's ``Message``; the
-    last one completes the batch's future: at once when served on the loop's own
-    thread, else with one ``call_soon_threadsafe`` per batch (not one future per
-    record). The ids are built on the loop in ``results``.
-    """
-
-    __slots__ = (
-        "_counted",
-        "_error",
-        "_hosts",
-        "_last",
-        "_loop",
-        "_loop_thread",
-        "future",
-        "reports",
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, hosts: Sequence[HostPort]):
-        self._loop = loop
-        self._loop_thread = threading.get_ident()  # made on the loop's thread
-        self._hosts = hosts
-        self._counted = itertools.count()
-        """Each report (and each record ``shrink`` gives up on) takes one number;
-        ``next`` is atomic, so exactly one taker gets the last number and wakes the loop."""
-        self._last = size - 1
-        self._error: KafkaError | None = None
-        self.reports: list[Any] = [None] * size
-        self.future: asyncio.Future[None] = loop.create_future()
-        self.future.add_done_callback(_retrieve)
-        if size == 0:
-            self.future.set_result(None)
-
-    def report(self, index: int, err: KafkaError | None, msg: Any) -> None:
-        """librdkafka's delivery report (whichever thread called ``poll``)."""
-        if err is None:
-            self.reports[index] = msg
-        elif self._error is None:
-            self._error = err
-        if next(self._counted) == self._last:
-            self._wake()
-
-    def shrink(self, produced: int) -> None:
-        """Only ``produced`` records were handed over (a produce call failed)."""
-        for _ in range(len(self.reports) - produced):
-            if next(self._counted) == self._last:
-                self._wake()
-
-    def results(self) -> list[PublishResult]:
-        """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in)."""
-        return publish_results([f"{m.partition()}-{m.offset()}" for m in self.reports])
-
-    def _wake(self) -> None:
-        if threading.get_ident() == self._loop_thread:
-            # served by a poll(0) of publish: no self-pipe write, no extra loop turn
-            self._finish()
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._finish)
-        except RuntimeError:  # the event loop is gone: nobody awaits this batch
-            pass
-
-    def _finish(self) -> None:
-        if self.future.done():
-            return
-        if self._error is not None:
-            self.future.set_exception(map_error(KafkaException(self._error), self._hosts))
-        else:
-            self.future.set_result(None)
 
 
 def _results(futures: Iterable[concurrent.futures.Future[Any]], *fine: int) -> None:
@@ -505,9 +342,3 @@ def _results(futures: Iterable[concurrent.futures.Future[Any]], *fine: int) -> N
             err = exc.args[0] if exc.args else None
             if not (isinstance(err, KafkaError) and err.code() in fine):
                 raise
-
-
-def _retrieve(fut: asyncio.Future[None]) -> None:
-    """Mark an abandoned batch's error as seen (the caller got the produce error instead)."""
-    if not fut.cancelled():
-        fut.exception()

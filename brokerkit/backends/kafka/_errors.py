@@ -1,15 +1,24 @@
-"""The one place where confluent-kafka errors become brokerkit errors."""
+"""The one table where confluent-kafka errors become brokerkit errors (``error_map``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 
-from brokerkit._errors import BrokerkitError, BrokerUnavailable, ConfigError, MessageTooLarge
-from brokerkit._url import HostPort
+from brokerkit.backends import (
+    BrokerRefused,
+    BrokerUnavailable,
+    ConfigError,
+    ErrorMap,
+    HostPort,
+    MessageTooLarge,
+)
 
-__all__ = ["is_transient", "kafka_error", "map_error"]
+__all__ = ["error_map", "is_transient", "kafka_error"]
+
+Mapped = BrokerRefused | BrokerUnavailable | ConfigError | MessageTooLarge
+"""What the table makes of a driver error."""
 
 _UNAVAILABLE = {
     KafkaError._TRANSPORT,
@@ -45,8 +54,6 @@ _CONFIG = {
 
 def kafka_error(exc: BaseException) -> KafkaError | None:
     """The KafkaError inside a driver exception, if any."""
-    if isinstance(exc, KafkaError):
-        return exc
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return None
@@ -58,23 +65,44 @@ def is_transient(exc: BaseException) -> bool:
     return err is not None and (err.code() in _UNAVAILABLE or err.retriable())
 
 
-def map_error(exc: BaseException, hosts: Sequence[HostPort]) -> BrokerkitError:
-    """Translate a driver error, most specific first; the caller raises it ``from exc``."""
-    if isinstance(exc, BrokerkitError):
-        return exc
-    err = kafka_error(exc)
-    if err is None:
-        if isinstance(exc, BufferError):
-            return BrokerUnavailable("kafka: the producer queue stayed full")
-        return BrokerkitError(f"kafka: {type(exc).__name__}: {exc}")
-    code = err.code()
-    text = f"kafka: {err.name()}: {err.str()}"
-    if code in _TOO_LARGE:
-        return MessageTooLarge(text)
-    if code in _CONFIG:
-        return ConfigError(text)
-    if code in _UNAVAILABLE:
-        first = hosts[0] if hosts else HostPort("localhost", 9092)
-        where = ", ".join(str(h) for h in hosts) or str(first)
-        return BrokerUnavailable(f"{text} ({where})", host=first.host, port=first.port)
-    return BrokerkitError(text)
+def _text(err: KafkaError) -> str:
+    return f"kafka: {err.name()}: {err.str()}"
+
+
+def _coded(
+    codes: set[int] | None, make: Callable[[KafkaError], Mapped]
+) -> Callable[[BaseException], Mapped | None]:
+    """A rule's factory: ``make`` for a KafkaException whose code is in ``codes`` (any: None)."""
+
+    def factory(exc: BaseException) -> Mapped | None:
+        err = kafka_error(exc)
+        if err is None or (codes is not None and err.code() not in codes):
+            return None
+        return make(err)
+
+    return factory
+
+
+def error_map(hosts: Sequence[HostPort]) -> ErrorMap:
+    """The table for a connection to ``hosts`` (named in BrokerUnavailable), most specific first.
+
+    An error code the table does not name is the broker refusing the request:
+    ``BrokerRefused`` with the code's name (e.g. ``"INVALID_REPLICATION_FACTOR"``).
+    """
+    first = hosts[0] if hosts else HostPort("localhost", 9092)
+    where = ", ".join(str(h) for h in hosts) or str(first)
+
+    def unavailable(err: KafkaError) -> Mapped:
+        return BrokerUnavailable(f"{_text(err)} ({where})", host=first.host, port=first.port)
+
+    return ErrorMap(
+        (KafkaException, _coded(_TOO_LARGE, lambda err: MessageTooLarge(_text(err)))),
+        (KafkaException, _coded(_CONFIG, lambda err: ConfigError(_text(err)))),
+        (KafkaException, _coded(_UNAVAILABLE, unavailable)),
+        (KafkaException, _coded(None, lambda err: BrokerRefused(_text(err), code=err.name()))),
+        (BufferError, lambda exc: BrokerUnavailable("kafka: the producer queue stayed full")),
+        (
+            (TypeError, ValueError),  # a client setting librdkafka's binding refused
+            lambda exc: ConfigError(f"kafka: a client setting was refused ({type(exc).__name__})"),
+        ),
+    )

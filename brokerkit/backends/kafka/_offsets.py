@@ -1,4 +1,4 @@
-"""Pure bookkeeping for one partition: the commit-metadata codec and the dedup memory.
+"""The commit-metadata codec: the state of one partition's offsets above its commit point.
 
 Kafka commits one offset per partition: "everything below C is done". brokerkit
 settles messages one by one, so the state of the offsets at and above C travels
@@ -20,15 +20,13 @@ previous run's end (the first run counts from C), ``len`` consecutive offsets,
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "METADATA_BUDGET",
     "SETTLED",
-    "DedupMemory",
     "OffsetState",
     "decode_metadata",
     "encode_metadata",
@@ -140,45 +138,3 @@ def decode_metadata(commit: int, metadata: str | None) -> dict[int, OffsetState]
     except ValueError:
         return {}
     return out
-
-
-class DedupMemory:
-    """Dedup ids of one partition, judged by record timestamps (ms).
-
-    Invariant: a record is a duplicate iff an earlier record of the same
-    partition, itself not a duplicate, carried the same dedup id and a timestamp
-    less than ``window`` before it. Every owner of the partition reads the same
-    log in the same order, so every owner reaches the same verdicts.
-    """
-
-    __slots__ = ("_first", "_order", "window_ms")
-
-    def __init__(self, window: float) -> None:
-        self.window_ms = int(window * 1000)
-        self._first: dict[str, int] = {}
-        self._order: deque[tuple[int, str]] = deque()
-
-    def _expire(self, now_ms: int) -> None:
-        order, first = self._order, self._first
-        while order and order[0][0] <= now_ms - self.window_ms:
-            ts, key = order.popleft()
-            if first.get(key) == ts:
-                del first[key]
-
-    def is_duplicate(self, dedup_id: str, timestamp_ms: int) -> bool:
-        """Judge one record (call in offset order); remembers it when it is not a duplicate."""
-        self._expire(timestamp_ms)
-        seen = self._first.get(dedup_id)
-        if seen is not None and timestamp_ms - seen < self.window_ms:
-            return True
-        self._first[dedup_id] = timestamp_ms
-        self._order.append((timestamp_ms, dedup_id))
-        return False
-
-    def __len__(self) -> int:
-        return len(self._first)
-
-
-def restored_states(states: Mapping[int, OffsetState], start: int) -> dict[int, OffsetState]:
-    """The decoded states at or above ``start`` (what a new owner still has to honour)."""
-    return {offset: state for offset, state in states.items() if offset >= start}

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 
 from pydantic import Field
 
-from brokerkit._errors import ConfigError
-from brokerkit._options import Options, parse_options
-from brokerkit._url import BrokerURL, HostPort
+from brokerkit.backends import BrokerURL, ConfigError, HostPort, Options, parse_options
 
-__all__ = ["KafkaOptions", "bootstrap_hosts", "client_config", "options_from_url"]
-
-LOG = logging.getLogger("brokerkit.backends.kafka")
+__all__ = [
+    "KafkaOptions",
+    "bootstrap_hosts",
+    "client_config",
+    "hosts_from_servers",
+    "options_from_url",
+]
 
 DEFAULT_PORT = 9092
 

@@ -1,0 +1,282 @@
+"""The state of one owned partition: its held records, commit point, window and metadata.
+
+Pure bookkeeping (no Kafka client, no clock but the records' own timestamps and the
+wall clock for nack due times), so it is tested without a broker.
+
+* ``read`` takes a run of consumed records of this partition: it skips what is settled
+  already (below the commit point; a duplicate dedup id; ``s`` in the restored
+  metadata), restores the delivery count and due time of the rest, and returns the new
+  records that may go out now;
+* records are handed out only below commit point + ``WINDOW`` (this bounds the commit
+  metadata); those read beyond it wait in ``beyond`` in offset order, and ``admit``
+  lets them in as the commit point moves;
+* ``settle`` forgets a record; ``commit_point`` is the lowest unsettled offset;
+  ``snapshot`` is the commit (offset + metadata) describing everything above it;
+* ``backlog`` is what flow control reads: offsets and bytes held above the commit point.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER, NO_HEADERS, DedupWindow
+from brokerkit.backends.kafka._offsets import SETTLED, decode_metadata, encode_runs, state_text
+
+__all__ = [
+    "PAUSE_BYTES",
+    "PAUSE_SPAN",
+    "RESUME_BYTES",
+    "RESUME_SPAN",
+    "WINDOW",
+    "Key",
+    "Partition",
+    "Record",
+    "Snapshot",
+]
+
+WINDOW = 200
+"""Records are handed out only below commit point + WINDOW (bounds the commit metadata)."""
+PAUSE_SPAN, RESUME_SPAN = 4000, 2000
+"""Fetching of a partition pauses when this many offsets are held above its commit point."""
+PAUSE_BYTES, RESUME_BYTES = 16 << 20, 8 << 20
+
+Key = tuple[str, int]
+"""(topic, partition)"""
+Snapshot = tuple[str, int, int, str]
+"""topic, partition, commit offset, metadata"""
+
+
+@dataclass(slots=True, eq=False, repr=False)
+class Record:
+    """One consumed record not settled yet."""
+
+    part: Partition
+    offset: int
+    body: bytes
+    headers: Mapping[str, str]
+    fifo_group: str | None
+    dedup_id: str | None
+    timestamp: int
+    count: int = 0
+    """Deliveries so far (the attempt of the current/last hand-out)."""
+    due: float = 0.0
+    """Wall-clock time before which it is not handed out again (0: now)."""
+
+    def __repr__(self) -> str:  # never the body
+        return f"<Record {self.part.partition}-{self.offset}>"
+
+
+class Partition:
+    """One owned partition: see the module docstring."""
+
+    __slots__ = (
+        "_now_ms",
+        "beyond",
+        "commit_from",
+        "dedup",
+        "dirty",
+        "extras",
+        "gone",
+        "held_bytes",
+        "key",
+        "low",
+        "moved",
+        "next_offset",
+        "partition",
+        "records",
+        "restored",
+        "revoking",
+        "span",
+        "top",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        commit: int,
+        start: int,
+        metadata: str | None,
+        dedup_window: float,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.key: Key = (topic, partition)
+        self.commit_from = commit
+        """The committed offset at assignment: everything below was settled."""
+        self.next_offset = start
+        """The offset after the last record read (reading starts a dedup window early)."""
+        self.restored = {o: s for o, s in decode_metadata(commit, metadata).items() if o >= commit}
+        """The committed states of offsets not read back yet."""
+        self._now_ms = 0
+        self.dedup = DedupWindow(dedup_window * 1000.0, clock=self._clock)
+        """Dedup ids judged by record timestamps: every owner of the partition reads the
+        same log in the same order, so every owner reaches the same verdicts."""
+        self.records: dict[int, Record] = {}
+        """Unsettled records read, in offset order."""
+        self.beyond: deque[Record] = deque()
+        """Records read beyond the hand-out window, in offset order."""
+        self.held_bytes = 0
+        self.revoking = False
+        self.gone = False
+        self.dirty = False
+        """Changed since the last commit."""
+        self.moved = False
+        """Its commit point may have moved since the window was last checked."""
+        self.low = commit
+        """No unsettled record below this offset (walks up as records settle)."""
+        self.top = -1
+        """Highest offset whose state the metadata must carry (handed out, restored, skipped)."""
+        self.span = 0
+        """Offsets held above the commit point at the last backlog update (flow control)."""
+        self.extras: dict[str, Any] = {"topic": topic, "partition": partition}
+        """The delivery extras every record of this partition shares (offset, timestamp added)."""
+
+    def __repr__(self) -> str:
+        return f"<Partition {self.topic}[{self.partition}] commit={self.commit_point()}>"
+
+    def _clock(self) -> float:
+        return self._now_ms
+
+    def read(self, msgs: Iterable[Any]) -> list[Record]:
+        """Take consumed records of this partition (confluent-kafka ``Message``s, offset
+        order); return the new ones that may be handed out now, in offset order."""
+        out: list[Record] = []
+        records, restored, beyond = self.records, self.restored, self.beyond
+        limit = -1 if beyond else self.commit_point() + WINDOW  # keep offset order
+        next_offset, commit_from = self.next_offset, self.commit_from
+        held = 0
+        for msg in msgs:
+            offset = msg.offset()
+            if offset < next_offset:
+                continue
+            next_offset = offset + 1
+            raw = msg.headers()
+            headers: Mapping[str, str] = NO_HEADERS
+            group = dedup = None
+            if raw:
+                decoded = {k: (v or b"").decode("utf-8", "replace") for k, v in raw}
+                group = decoded.pop(FIFO_GROUP_HEADER, None)
+                dedup = decoded.pop(DEDUP_ID_HEADER, None)
+                headers = decoded
+            timestamp = msg.timestamp()[1]
+            if dedup is not None:
+                self._now_ms = timestamp
+                duplicate = self.dedup.claim(dedup, "") is not None
+                if offset < commit_from:
+                    continue  # read only to rebuild the dedup memory
+                if duplicate:
+                    if offset > self.top:
+                        self.top = offset
+                    continue  # settled without delivery
+            elif offset < commit_from:
+                continue
+            state = restored.pop(offset, None) if restored else None
+            if state is not None:
+                if offset > self.top:
+                    self.top = offset
+                if state.count == SETTLED:
+                    continue
+            body = msg.value() or b""
+            rec = Record(self, offset, body, headers, group, dedup, timestamp)
+            records[offset] = rec
+            held += len(body)
+            if state is not None:
+                rec.count = state.count
+                rec.due = state.due_ms / 1000.0
+            if offset < limit:
+                out.append(rec)
+            else:
+                limit = -1  # the rest of this run waits too
+                beyond.append(rec)
+        self.next_offset = next_offset
+        self.held_bytes += held
+        return out
+
+    def admit(self) -> list[Record]:
+        """The records ``beyond`` that the window reaches now, in offset order."""
+        beyond = self.beyond
+        if not beyond:
+            return []
+        limit = self.commit_point() + WINDOW
+        records = self.records
+        out: list[Record] = []
+        while beyond and beyond[0].offset < limit:
+            rec = beyond.popleft()
+            if records.get(rec.offset) is rec:
+                out.append(rec)
+        return out
+
+    def settle(self, rec: Record) -> bool:
+        """Forget a settled record; True when the commit point may have moved (it was the
+        lowest held), the first time since ``moved`` was last cleared."""
+        del self.records[rec.offset]
+        self.held_bytes -= len(rec.body)
+        self.dirty = True
+        if self.low not in self.records and not self.moved:
+            self.moved = True
+            return True
+        return False
+
+    def commit_point(self) -> int:
+        """The lowest unsettled offset (amortised O(1): ``low`` only moves up)."""
+        low, end, records = self.low, self.next_offset, self.records
+        while low < end and low not in records:
+            low += 1
+        self.low = low
+        return low if low < end else max(end, self.commit_from)
+
+    def backlog(self) -> tuple[int, int]:
+        """(offsets, bytes) held above the commit point, for flow control (also ``span``)."""
+        self.span = span = max(0, self.next_offset - self.commit_point())
+        return span, self.held_bytes
+
+    def may_resume(self) -> bool:
+        """Fetching may be paused (at the last backlog update) and may resume now."""
+        return self.span >= RESUME_SPAN and self.next_offset - self.commit_point() < RESUME_SPAN
+
+    def runs(self, commit: int) -> Iterator[tuple[int, int, str]]:
+        """The metadata runs above ``commit``: settled offsets and delivery counts."""
+        run_start = run_len = 0
+        run_text = ""  # "" = never delivered (omitted)
+        for offset, text in self._states(commit):
+            if text == run_text and offset == run_start + run_len:
+                run_len += 1
+                continue
+            if run_text:
+                yield run_start, run_len, run_text
+            run_start, run_len, run_text = offset, 1, text
+        if run_text:
+            yield run_start, run_len, run_text
+
+    def _states(self, commit: int) -> Iterator[tuple[int, str]]:
+        """(offset, state text) above ``commit`` in offset order: the records read so far,
+        then the restored states of offsets not read back yet."""
+        now_ms = int(time.time() * 1000)
+        records = self.records
+        for offset in range(commit, min(self.top + 1, self.next_offset)):
+            rec = records.get(offset)
+            if rec is None:
+                yield offset, "s"
+            elif rec.count == 0:
+                yield offset, ""
+            elif not rec.due:
+                yield offset, "1" if rec.count == 1 else state_text(rec.count)
+            else:
+                due = int(rec.due * 1000)
+                yield offset, state_text(rec.count, due if due > now_ms else 0)
+        for offset in sorted(self.restored):
+            if offset >= self.next_offset:
+                state = self.restored[offset]
+                yield offset, state_text(state.count, state.due_ms)
+
+    def snapshot(self) -> Snapshot:
+        """The commit offset and the metadata describing the offsets above it."""
+        commit = self.commit_point()
+        text, _ = encode_runs(commit, self.runs(commit))
+        return (self.topic, self.partition, commit, text)

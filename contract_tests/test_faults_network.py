@@ -21,6 +21,7 @@ delivered before it (``receive``, ``ack``). A client that bypasses the proxy fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -129,6 +130,12 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
             await stream.close()
         for consumer in consumers:
             await asyncio.wait_for(consumer.aclose(), WAIT)
+        if fixed:  # a broker that advertises the proxy is reachable only through it
+            made: list[str] = request.getfixturevalue("made_queues")
+            with contextlib.suppress(brokerkit.BrokerkitError):
+                async with brokerkit.connect(SecretURL(producer_path.url)) as cleaner:
+                    await cleaner.delete_queue(queue)
+                    made.remove(queue)
         producer_path.close()
         if consumer_path is not producer_path:
             consumer_path.close()

@@ -30,6 +30,11 @@ PACE = 0.01
 """Seconds between two publishes of the stream (about 100 messages a second)."""
 AFTER_RECOVERY = 30.0 * SCALE
 """A publish blocked by the outage must end at most this long after the broker is back."""
+OVERLAP = 0.5
+"""A second delivery this soon after the first one's ack returned is an overlap, not a
+lost ack: the broker's lease ran out while the message sat in the cut network (its
+clock starts when it sends), so it sent it again while the first holder was still
+acking. Reported as ``overlapping_redeliveries``; a lost ack shows up a lease later."""
 KILL_GRACE = 1.0
 """The restart hook kills the broker within this long of starting (acks that returned
 before it may be lost with the broker, within the coalescing window)."""
@@ -141,7 +146,7 @@ class Stream:
         """The figures of one fault run, and the violations among them."""
         confirmed = self.confirmed()
         acked = self.acked()
-        redelivered_in_window, redelivered_after_ack = [], []
+        redelivered_in_window, redelivered_after_ack, overlapping = [], [], []
         duplicates = 0
         for body, seen in self.deliveries.items():
             duplicates += len(seen) - 1
@@ -152,11 +157,17 @@ class Stream:
             again = [t for t, _ in seen if t > first_ok]
             if not again:
                 continue
+            if min(again) - first_ok < OVERLAP:
+                overlapping.append(body)
+                continue
             # the coalescing window around the moment the broker became unreachable
             if fault_start - flush - 0.05 <= first_ok <= fault_start + kill_grace + flush + 0.05:
                 redelivered_in_window.append(body)
             else:
-                redelivered_after_ack.append(f"{body} (acked at {first_ok - fault_start:+.2f}s)")
+                redelivered_after_ack.append(
+                    f"{body} (acked at {first_ok - fault_start:+.2f}s, "
+                    f"again {min(again) - first_ok:.2f}s later)"
+                )
         late = [
             b
             for b, p in self.publishes.items()
@@ -188,6 +199,7 @@ class Stream:
             "acked_redelivered_in_window": len(redelivered_in_window),
             "acked_redelivered_outside_window": len(redelivered_after_ack),
             "acked_redelivered_examples": sorted(redelivered_after_ack)[:5],
+            "overlapping_redeliveries": len(overlapping),
             "iterator_errors": self.iterator_errors,
             "outage_s": round(fault_end - fault_start, 2),
             "recovery_s": None if first_after is None else round(first_after - fault_end, 2),

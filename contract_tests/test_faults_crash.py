@@ -262,7 +262,7 @@ async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the
         "innocents_dead_lettered": dead_innocents,
         "innocents": len(innocents),
         "acked": len(set(acks) & innocents),
-        "lost": len(innocents - set(acks)),
+        "innocents_not_acked": len(innocents - set(acks)),
         "duplicates": len(duplicates),
         "acked_redelivered_in_window": len(excused),
         "max_innocent_attempt": max((a for seen in acks.values() for _, _, a in seen), default=0),

@@ -22,6 +22,9 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "kafka": ("brokerkit.backends.kafka:KafkaBackend", "kafka"),
     "nats": ("brokerkit.backends.nats:NatsBackend", "nats"),
     "tls": ("brokerkit.backends.nats:NatsBackend", "nats"),
+    "sqs": ("brokerkit.backends.sqs:SqsBackend", "sqs"),
+    "amqp": ("brokerkit.backends.rabbitmq:RabbitBackend", "rabbitmq"),
+    "amqps": ("brokerkit.backends.rabbitmq:RabbitBackend", "rabbitmq"),
 }
 
 

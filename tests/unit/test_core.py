@@ -24,10 +24,12 @@ from brokerkit.backends.memory import MemoryBackend
 def test_public_api_is_pinned() -> None:
     assert brokerkit.__all__ == sorted(brokerkit.__all__, key=str)
     assert set(brokerkit.__all__) == {
-        "AlreadySettled", "Broker", "BrokerRefused", "BrokerURL", "BrowsedMessage", "BrokerUnavailable", "BrokerkitError",
+        "AlreadySettled", "Broker", "BrokerRefused", "BrokerURL", "BrowsedMessage",
+        "BrokerUnavailable", "BrokerkitError",
         "Capabilities", "ConfigError", "Consumer", "DeadLetterInfo", "InvalidArgument",
         "InvalidMessage", "InvalidName", "LeaseExpired", "Message", "MessageTooLarge",
-        "Outgoing", "PublishResult", "QueueStats", "ResourceClosed", "UnsupportedFeature", "__version__",
+        "Outgoing", "PublishResult", "QueueStats", "ResourceClosed", "UnsupportedFeature",
+        "__version__",
         "connect", "from_backend",
     }  # fmt: skip
 

@@ -59,8 +59,11 @@ def imports_of(name: str) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            # ``from pkg import sub`` imports the submodule pkg.sub when there is one
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            # ``from pkg import sub`` imports the submodule pkg.sub when there is one (and
+            # pkg's __init__ only as every submodule's parent, which is no edge of its own)
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            names_only = [s for s in subs if s not in MODULES]
+            targets = [s for s in subs if s in MODULES] + ([base] if names_only else [])
         else:
             continue
         found |= {t for t in targets if t in MODULES and t != name}

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import nats.errors
+import nats.js.errors
 import pytest
 
 import brokerkit
+from brokerkit.backends import FIFO_GROUP_HEADER, HEADER_PREFIX, BrokerRefused, HostPort
 from brokerkit.backends.nats import NatsBackend
+from brokerkit.backends.nats._errors import error_map
 from brokerkit.backends.nats._layout import QueueLayout, decode_headers, encode_headers
 
 
@@ -21,6 +25,15 @@ def test_defaults() -> None:
     assert b.capabilities.dedup_window == 300.0
     assert b.capabilities.dedup_window_configurable
     assert b.capabilities.fan_out
+
+
+def test_capabilities_are_what_holds_before_connecting() -> None:
+    # fixed at construction: the option's body size (a smaller server is refused by
+    # publish, not by changing capabilities) and the redelivery bound of every server
+    caps = _backend("nats://127.0.0.1:4222?max_message_bytes=500000").capabilities
+    assert caps.max_message_bytes == 500_000
+    assert caps.redelivery_slack == 2.0
+    assert caps.extras == {"partitions": 32, "storage": "file"}
 
 
 def test_typed_query_options() -> None:
@@ -63,8 +76,37 @@ def test_password_never_shown() -> None:
 
 
 def test_from_client_validates_options() -> None:
-    with pytest.raises(brokerkit.ConfigError):
+    with pytest.raises(brokerkit.ConfigError, match="partitions"):
         NatsBackend.from_client(object(), partitions=0)  # type: ignore[arg-type]
+    with pytest.raises(brokerkit.ConfigError, match="nope"):
+        NatsBackend.from_client(object(), nope=1)  # type: ignore[arg-type]
+
+
+def test_a_backend_that_is_not_open_raises_resource_closed() -> None:
+    b = _backend("nats://127.0.0.1:4222")
+    with pytest.raises(brokerkit.ResourceClosed):
+        b.link.client  # noqa: B018 - the property raises
+    with pytest.raises(brokerkit.ResourceClosed):
+        b.link.js  # noqa: B018
+
+
+def _mapped(exc: BaseException) -> BaseException | None:
+    return error_map("publish to 'q'", (HostPort("h1", 4222),)).translate(exc)
+
+
+def test_error_table_most_specific_first() -> None:
+    refused = _mapped(nats.js.errors.BadRequestError(code=400, err_code=10058, description="x"))
+    assert isinstance(refused, BrokerRefused) and refused.code == 10058
+    assert "publish to 'q'" in str(refused) and "h1:4222" in str(refused)
+    gone = _mapped(nats.js.errors.ServiceUnavailableError())
+    assert isinstance(gone, brokerkit.BrokerUnavailable) and gone.port == 4222
+    assert isinstance(_mapped(nats.errors.TimeoutError()), brokerkit.BrokerUnavailable)
+    assert isinstance(_mapped(OSError("reset")), brokerkit.BrokerUnavailable)
+    assert isinstance(_mapped(nats.errors.AuthorizationError()), brokerkit.ConfigError)
+    assert isinstance(_mapped(nats.errors.MaxPayloadError()), brokerkit.MessageTooLarge)
+    odd = _mapped(nats.errors.BadSubjectError())  # a client error no rule names: the last one
+    assert isinstance(odd, brokerkit.BrokerUnavailable) and "BadSubjectError" in str(odd)
+    assert _mapped(ValueError("a bug")) is None  # not a broker condition: propagates as is
 
 
 def test_layout_names_never_collide_and_groups_are_hashed() -> None:
@@ -85,3 +127,15 @@ def test_header_codec_is_byte_exact() -> None:
     assert all(v.isascii() and "\n" not in v and "\x7f" not in v for v in encoded.values())
     assert decode_headers(encoded) == (user, "grp.*", "d1")
     assert encode_headers({}, None, None) is None
+
+
+def test_wire_names_are_the_toolkits() -> None:
+    encoded = encode_headers({"k": "v"}, "grp", "d1")
+    assert encoded == {
+        HEADER_PREFIX + "headers": '{"k":"v"}',
+        FIFO_GROUP_HEADER: "grp",
+        "Nats-Msg-Id": "d1",  # NATS's own dedup field
+    }
+    # messages stored under the names brokerkit used before still decode
+    legacy = {"x-brokerkit-h": '{"k":"v"}', "x-brokerkit-g": "grp", "Nats-Msg-Id": "d1"}
+    assert decode_headers(legacy) == ({"k": "v"}, "grp", "d1")

@@ -1,4 +1,4 @@
-"""NatsBackend: the connection, stream and consumer creation, and publishing."""
+"""NatsBackend: the connection, stream and consumer declaration, and publishing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -26,27 +25,45 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from pydantic import ValidationError
 
-from brokerkit._errors import BrokerkitError, ConfigError
-from brokerkit._message import Outgoing, PublishResult
-from brokerkit._options import parse_options
-from brokerkit._retry import retry_unavailable
-from brokerkit._url import BrokerURL, HostPort
-from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSettings
-from brokerkit.backends.nats._errors import is_transient, mapped
+from brokerkit.backends import (
+    Backend,
+    BrokerRefused,
+    BrokerUnavailable,
+    BrokerURL,
+    Capabilities,
+    ConfigError,
+    HostPort,
+    MessageTooLarge,
+    Outgoing,
+    PublishResult,
+    QueueRef,
+    ReceiverSettings,
+    parse_options,
+    retry_unavailable,
+)
+from brokerkit.backends.nats._errors import is_transient
 from brokerkit.backends.nats._layout import HEADER_ROOM, QueueLayout, encode_headers
+from brokerkit.backends.nats._link import NatsLink
 from brokerkit.backends.nats._options import NatsOptions
+from brokerkit.backends.nats._receiver import NatsReceiver
 
 __all__ = ["NatsBackend"]
 
-_log = logging.getLogger("brokerkit.nats")
+_log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 4222
 _PARTITIONS_RE = re.compile(r"partitions=(\d+)")
 _MIN_BODY = 256 * 1024
 _CLEAN_PULL_INTEREST = (2, 10, 0)
 _STREAM_EXISTS = 10058  # "stream name already in use with a different configuration"
+_DECLARE_ACK_WAIT = 30.0
+"""ack_wait of a group's durables made by ``declare`` (the facade's default ack_timeout);
+the first subscriber sets its own."""
+_REDELIVERY_SLACK = 2.0
+"""Before 2.10 a nack waits for this receiver's outstanding pull (<= 1 s linger) to end, so
+a redelivery may come ~1 s later than on 2.10+; capabilities are fixed before the server
+version is known, so they state the bound that holds on every supported server."""
 
 
 class NatsBackend(Backend):
@@ -63,23 +80,18 @@ class NatsBackend(Backend):
     ) -> None:
         self.options = options
         self._url = url
-        self._hosts: tuple[HostPort, ...] = url.hosts if url and url.hosts else ()
-        if url is not None and not self._hosts:
-            self._hosts = (HostPort("127.0.0.1", DEFAULT_PORT),)
-        self._nc: NATS | None = client
+        hosts: tuple[HostPort, ...] = url.hosts if url and url.hosts else ()
+        if url is not None and not hosts:
+            hosts = (HostPort("127.0.0.1", DEFAULT_PORT),)
+        self.link = NatsLink(options, hosts, client)
         self._owns_client = client is None
-        self._js: JetStreamContext | None = None
-        self._layouts: dict[tuple[str, bool], asyncio.Task[QueueLayout]] = {}
-        self._receivers: set[Receiver] = set()
-        self.server_version: tuple[int, int, int] | None = None
-        self.drain_pulls = False
-        """Server before 2.10: never drop an inbox with pull requests outstanding (see receiver)."""
+        self._streams: dict[QueueRef, asyncio.Task[QueueLayout]] = {}
         self.capabilities = Capabilities(
             max_message_bytes=options.max_message_bytes,
             dedup_window=options.dedup_window,
             dedup_window_configurable=True,
             fan_out=True,
-            redelivery_slack=1.0,
+            redelivery_slack=_REDELIVERY_SLACK,
             ack_flush_interval=0.0 if options.confirm_acks else 0.1,
             extras={"partitions": options.partitions, "storage": options.storage},
         )
@@ -87,6 +99,17 @@ class NatsBackend(Backend):
     def __repr__(self) -> str:
         where = self._url.redacted() if self._url else "<user client>"
         return f"<NatsBackend {where}>"
+
+    @property
+    def server_version(self) -> tuple[int, int, int] | None:
+        """The server's version, read at ``open`` (None before)."""
+        return self.link.server_version
+
+    @property
+    def max_payload(self) -> int | None:
+        """The server's ``max_payload`` (bytes per message, headers included), read at ``open``."""
+        nc = self.link.nc
+        return int(nc.max_payload) if nc is not None and nc.is_connected else None
 
     # -- construction -------------------------------------------------------------------
 
@@ -107,65 +130,53 @@ class NatsBackend(Backend):
         """Wrap the user's own connected ``nats.NATS`` client (it is not closed by ``aclose``).
 
         ``options`` are the URL query options as keyword arguments
-        (``partitions=16``, ``dedup_window=60`` ...). Use it with
-        ``brokerkit.from_backend(NatsBackend.from_client(nc))``.
+        (``partitions=16``, ``dedup_window=60`` ...); ConfigError names a bad one. Use it
+        with ``brokerkit.from_backend(NatsBackend.from_client(nc))``.
         """
-        try:
-            parsed = NatsOptions.model_validate(options)
-        except ValidationError as exc:
-            names = sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]})
-            raise ConfigError(f"invalid NATS options: {', '.join(names) or 'see docs'}") from None
-        return cls(parsed, client=client)
+        return cls(parse_options(options, NatsOptions, scheme="nats"), client=client)
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Connect (bounded retry, then BrokerUnavailable); check JetStream; read server limits."""
-        if self._nc is None:
-            self._nc = await retry_unavailable(
-                self._connect_once, what="NATS", hosts=self._hosts, is_transient=is_transient
+        """Connect (bounded retry, then BrokerUnavailable); check JetStream; read the server's
+        version and max_payload (capabilities stay as constructed: a body the server cannot
+        take is refused by ``publish`` with MessageTooLarge)."""
+        link = self.link
+        if link.nc is None:
+            link.nc = await retry_unavailable(
+                self._connect_once, what="NATS", hosts=link.hosts, is_transient=is_transient
             )
-        nc = self._nc
-        if not self._hosts and nc.connected_url is not None:
+        nc = link.nc
+        if not link.hosts and nc.connected_url is not None:
             u = nc.connected_url
-            self._hosts = (HostPort(u.hostname or "localhost", u.port),)
-        self._js = nc.jetstream(timeout=self.options.request_timeout)
-        with self._mapped("check JetStream"):
+            link.hosts = (HostPort(u.hostname or "localhost", u.port),)
+        link.js_context = js = nc.jetstream(timeout=self.options.request_timeout)
+        with link.errors("check JetStream"):
             try:
-                await self._js.account_info()
+                await js.account_info()
             except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
                 raise ConfigError(
-                    f"NATS at {self._where()} has no JetStream (start nats-server with -js)"
+                    f"NATS at {link.where()} has no JetStream (start nats-server with -js)"
                 ) from exc
-        v = nc.connected_server_version
-        self.server_version = (v.major, v.minor, v.patch)
-        # nats-server 2.9 miscounts a redelivery that finds only a pull request whose inbox is
-        # gone: it rolls the delivery back and the next one reports num_delivered 1 again, so
-        # attempt would not grow. 2.10+ drops such requests cleanly (verified 2.9.10, 2.15.1).
-        self.drain_pulls = self.server_version < _CLEAN_PULL_INTEREST
         room = int(nc.max_payload) - HEADER_ROOM
         if room < _MIN_BODY:
             raise ConfigError(
-                f"NATS at {self._where()} has max_payload {nc.max_payload}; brokerkit needs "
+                f"NATS at {link.where()} has max_payload {nc.max_payload}; brokerkit needs "
                 f"{_MIN_BODY + HEADER_ROOM} (256 KiB bodies plus header room)"
             )
-        self.capabilities = dataclasses.replace(
-            self.capabilities,
-            max_message_bytes=min(self.options.max_message_bytes, room),
-            # on 2.9 a nack waits for this receiver's outstanding pull (<= 1 s linger) to end
-            redelivery_slack=2.0 if self.drain_pulls else self.capabilities.redelivery_slack,
-            extras={
-                **self.capabilities.extras,
-                "server_version": f"{v.major}.{v.minor}.{v.patch}",
-                "max_payload": int(nc.max_payload),
-            },
-        )
+        link.body_limit = room if room < self.options.max_message_bytes else None
+        v = nc.connected_server_version
+        # nats-server 2.9 miscounts a redelivery that finds only a pull request whose inbox is
+        # gone: it rolls the delivery back and the next one reports num_delivered 1 again, so
+        # attempt would not grow. 2.10+ drops such requests cleanly (verified 2.9.10, 2.15.1).
+        link.drain_pulls = (v.major, v.minor, v.patch) < _CLEAN_PULL_INTEREST
+        link.server_version = (v.major, v.minor, v.patch)
 
     async def _connect_once(self) -> NATS:
         opts = self.options
         url = self._url
         assert url is not None
-        servers = [f"{url.scheme}://{h}" for h in self._hosts]
+        servers = [f"{url.scheme}://{h}" for h in self.link.hosts]
         auth: dict[str, Any] = {}
         if url.username is not None and url.password is not None:
             auth = {"user": url.username, "password": url.password}
@@ -200,12 +211,13 @@ class NatsBackend(Backend):
 
     async def aclose(self) -> None:
         """Close receivers, flush, and close the connection if it is ours. Idempotent."""
-        for receiver in list(self._receivers):
+        link = self.link
+        for receiver in list(link.receivers):
             await receiver.aclose()
-        for task in self._layouts.values():
+        for task in self._streams.values():
             task.cancel()
-        self._layouts.clear()
-        nc, self._nc = self._nc, None
+        self._streams.clear()
+        nc, link.nc, link.js_context = link.nc, None, None
         if nc is None or nc.is_closed:
             return
         if self._owns_client:
@@ -216,70 +228,60 @@ class NatsBackend(Backend):
             except (nats.errors.Error, OSError, TimeoutError):
                 pass
 
-    # -- helpers shared with the receiver -----------------------------------------------
+    # -- streams and consumers (created on first use, or by declare) ----------------------
 
-    def _where(self) -> str:
-        return ", ".join(str(h) for h in self._hosts) or "the NATS server"
-
-    def _mapped(self, what: str) -> Any:
-        return mapped(what, self._hosts)
-
-    @property
-    def client(self) -> NATS:
-        if self._nc is None:
-            raise BrokerkitError("the NATS backend is not open")
-        return self._nc
-
-    @property
-    def js(self) -> JetStreamContext:
-        if self._js is None:
-            raise BrokerkitError("the NATS backend is not open")
-        return self._js
-
-    # -- streams and consumers ----------------------------------------------------------
-
-    async def layout(self, queue: str, dead_letters: bool) -> QueueLayout:
-        """The queue's (or DLQ's) stream, created on first use; cached per connection."""
-        key = (queue, dead_letters)
-        task = self._layouts.get(key)
+    async def _stream(self, queue: QueueRef) -> QueueLayout:
+        """The queue's (or DLQ's) stream, declared on first use; cached per connection."""
+        task = self._streams.get(queue)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = asyncio.ensure_future(self._ensure_stream(queue, dead_letters))
-            self._layouts[key] = task
+            task = asyncio.ensure_future(self._declare_stream(queue))
+            self._streams[queue] = task
         return await asyncio.shield(task)
 
-    def forget_layout(self, queue: str, dead_letters: bool) -> None:
+    def _forget_stream(self, queue: QueueRef) -> None:
         """Drop a cached stream (it vanished on the server): the next use recreates it."""
-        self._layouts.pop((queue, dead_letters), None)
+        self._streams.pop(queue, None)
+
+    async def declare(self, queue: QueueRef, group: str | None = None) -> None:
+        """Create the queue's and its DLQ's streams now and, with ``group``, the group's
+        durables on ``queue``'s stream (those missing: a live group's ``ack_wait`` is left
+        as its subscribers set it)."""
+        await self._stream(queue.main)
+        await self._stream(queue.main.dlq)
+        if group is not None:
+            layout = await self._stream(queue)
+            await self._declare_group(layout, group, _DECLARE_ACK_WAIT, only_missing=True)
 
     async def delete_queue(self, queue: str) -> None:
         """``delete_stream`` of the queue's stream and its DLQ's (their durable consumers go
         with them); a stream that is not there is fine."""
-        for dead_letters in (False, True):
-            self.forget_layout(queue, dead_letters)
-            opts = self.options
+        opts = self.options
+        for ref in (QueueRef(queue), QueueRef(queue).dlq):
+            self._forget_stream(ref)
             layout = QueueLayout.of(
-                opts.prefix, queue, dead_letters=dead_letters, partitions=opts.partitions
+                opts.prefix, queue, dead_letters=ref.dead_letters, partitions=opts.partitions
             )
-            with self._mapped(f"delete stream {layout.stream!r}"):
+            with self.link.errors(f"delete stream {layout.stream!r}"):
                 try:
-                    await self.js.delete_stream(layout.stream)
+                    await self.link.js.delete_stream(layout.stream)
                 except nats.js.errors.NotFoundError:
                     pass
 
-    async def _ensure_stream(self, queue: str, dead_letters: bool) -> QueueLayout:
+    async def _declare_stream(self, queue: QueueRef) -> QueueLayout:
         """add_stream is idempotent for an identical config; another config means it exists.
 
         The partition count lives in the stream description, so every client
         agrees with the one that created the stream.
         """
         opts = self.options
+        dead_letters = queue.dead_letters
         wanted = QueueLayout.of(
-            opts.prefix, queue, dead_letters=dead_letters, partitions=opts.partitions
+            opts.prefix, queue.name, dead_letters=dead_letters, partitions=opts.partitions
         )
         kind = "dead letters of" if dead_letters else "queue"
         config = StreamConfig(
             name=wanted.stream,
-            description=f"brokerkit {kind} {queue}; partitions={opts.partitions}",
+            description=f"brokerkit {kind} {queue.name}; partitions={opts.partitions}",
             subjects=[wanted.wildcard],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE if opts.storage == "file" else StorageType.MEMORY,
@@ -288,21 +290,25 @@ class NatsBackend(Backend):
             duplicate_window=opts.dedup_window,
             discard=DiscardPolicy.OLD,
         )
-        with self._mapped(f"create stream for {kind} {queue!r}"):
+        js = self.link.js
+        with self.link.errors(f"create stream for {kind} {queue.name!r}"):
             try:
-                info = await self.js.add_stream(config)
+                info = await js.add_stream(config)
             except nats.js.errors.BadRequestError as exc:
                 if getattr(exc, "err_code", None) != _STREAM_EXISTS:
                     raise
-                info = await self.js.stream_info(wanted.stream)
+                info = await js.stream_info(wanted.stream)
         found = _PARTITIONS_RE.search(info.config.description or "")
         if found is None:
-            raise BrokerkitError(
-                f"stream {wanted.stream!r} exists but was not created by brokerkit (no partitions=)"
+            raise ConfigError(
+                f"stream {wanted.stream!r} exists but was not created by brokerkit (no "
+                "partitions= in its description): use another ?prefix="
             )
         return dataclasses.replace(wanted, partitions=int(found.group(1)))
 
-    async def ensure_consumers(self, layout: QueueLayout, group: str, ack_wait: float) -> None:
+    async def _declare_group(
+        self, layout: QueueLayout, group: str, ack_wait: float, *, only_missing: bool = False
+    ) -> None:
         """One durable pull consumer per slot, created (or updated) concurrently.
 
         Creating a durable is idempotent for an identical config and updates
@@ -311,17 +317,26 @@ class NatsBackend(Backend):
         """
         names = [layout.consumer(group, s) for s in range(layout.partitions + 1)]
         filters = layout.filters()
-        with self._mapped(f"create consumer group {group!r} on {layout.stream!r}"):
+        with self.link.errors(f"create consumer group {group!r} on {layout.stream!r}"):
             await asyncio.gather(
                 *(
-                    self._ensure_consumer(layout.stream, name, subject, ack_wait, slot > 0)
+                    self._declare_consumer(
+                        layout.stream, name, subject, ack_wait, slot > 0, only_missing
+                    )
                     for slot, (name, subject) in enumerate(zip(names, filters, strict=True))
                 )
             )
 
-    async def _ensure_consumer(
-        self, stream: str, name: str, subject: str, ack_wait: float, fifo: bool
+    async def _declare_consumer(
+        self, stream: str, name: str, subject: str, ack_wait: float, fifo: bool, only_missing: bool
     ) -> None:
+        js = self.link.js
+        if only_missing:
+            try:
+                await js.consumer_info(stream, name)
+                return
+            except nats.js.errors.NotFoundError:
+                pass
         config = ConsumerConfig(
             durable_name=name,
             deliver_policy=DeliverPolicy.ALL,
@@ -335,16 +350,23 @@ class NatsBackend(Backend):
             replay_policy=ReplayPolicy.INSTANT,
         )
         try:
-            await self.js.add_consumer(stream, config)
+            await js.add_consumer(stream, config)
         except nats.js.errors.BadRequestError:
             # an existing durable whose config this server cannot update in place: use it
-            await self.js.consumer_info(stream, name)
+            await js.consumer_info(stream, name)
 
     # -- publishing ---------------------------------------------------------------------
 
-    async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """publish -> js.publish_async each (Nats-Msg-Id = dedup_id), one wait for all PubAcks."""
-        layout = await self.layout(queue, False)
+    async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """publish -> js.publish_async each (Nats-Msg-Id = dedup_id), one wait for all PubAcks.
+
+        MessageTooLarge before anything is sent when a body exceeds what the server takes
+        (its max_payload minus header room, when that is below ``max_message_bytes``).
+        """
+        limit = self.link.body_limit
+        if limit is not None:
+            _check_sizes(messages, limit, self.link.where())
+        layout = await self._stream(queue)
         items = [
             (
                 layout.subject(m.fifo_group),
@@ -354,20 +376,20 @@ class NatsBackend(Backend):
             for m in messages
         ]
         try:
-            acks = await self.publish_raw(items, what=f"publish to {queue!r}")
-        except BrokerkitError as exc:
+            acks = await self._publish_raw(items, what=f"publish to {str(queue)!r}")
+        except (BrokerUnavailable, BrokerRefused) as exc:
             if isinstance(exc.__cause__, nats.js.errors.NoStreamResponseError):
-                self.forget_layout(queue, False)
+                self._forget_stream(queue)
             raise
         return [PublishResult(str(a.seq), duplicate=bool(a.duplicate)) for a in acks]
 
-    async def publish_raw(
+    async def _publish_raw(
         self, items: Sequence[tuple[str, bytes, dict[str, str] | None]], *, what: str
     ) -> list[PubAck]:
         """Pipelined JetStream publishes in order; returns once every PubAck is in."""
-        js = self.js
+        js = self.link.js
         futures: list[asyncio.Future[PubAck]] = []
-        with self._mapped(what):
+        with self.link.errors(what):
             try:
                 for subject, body, headers in items:
                     futures.append(await js.publish_async(subject, body, headers=headers))
@@ -386,22 +408,28 @@ class NatsBackend(Backend):
                         f.cancel()
 
     async def subscribe(
-        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
-    ) -> Receiver:
-        """Ensure stream (and DLQ) and the group's durables, then start a pull receiver."""
-        from brokerkit.backends.nats._receiver import NatsReceiver
-
-        layout = await self.layout(queue, dead_letters)
-        if not dead_letters:
-            await self.layout(queue, True)
-        await self.ensure_consumers(layout, group, settings.ack_timeout)
-        receiver = NatsReceiver(self, queue, group, layout, settings, dead_letters=dead_letters)
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> NatsReceiver:
+        """Declare the streams (queue and DLQ) and the group's durables, then start a pull
+        receiver."""
+        layout = await self._stream(queue)
+        if not queue.dead_letters:
+            await self._stream(queue.dlq)
+        await self._declare_group(layout, group, settings.ack_timeout)
+        link = self.link
+        receiver = NatsReceiver(link, group, layout, settings, dead_letters=queue.dead_letters)
         await receiver.start()
-        self._receivers.add(receiver)
+        link.receivers.add(receiver)
         return receiver
 
-    def discard(self, receiver: Receiver) -> None:
-        self._receivers.discard(receiver)
+
+def _check_sizes(messages: Sequence[Outgoing], limit: int, where: str) -> None:
+    for m in messages:
+        if len(m.body) > limit:
+            raise MessageTooLarge(
+                f"message body is {len(m.body)} bytes; NATS at {where} takes at most {limit} "
+                "(its max_payload minus room for headers)"
+            )
 
 
 async def _quiet_error(exc: Exception) -> None:

@@ -1,24 +1,32 @@
-"""The one place where nats-py exceptions become brokerkit errors (the cause is kept)."""
+"""The one place where nats-py exceptions become brokerkit errors (the cause is kept).
+
+``error_map(what, hosts)`` is the backend's ``ErrorMap`` table, most specific first; the
+text names the operation and the servers (never credentials). ``NatsLink.errors(what)``
+keeps one per operation, so a hot path (ack) pays for no table building.
+
+nats-py's MsgAlreadyAckdError has no rule of its own: settling twice is refused by the
+facade (AlreadySettled) before a receiver is called, and the receiver settles each
+message once, so meeting it would be a bug, reported by the last rule.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import nats.errors
 import nats.js.errors
 
-from brokerkit._errors import (
-    AlreadySettled,
-    BrokerkitError,
+from brokerkit.backends import (
+    BrokerRefused,
     BrokerUnavailable,
     ConfigError,
+    ErrorMap,
+    HostPort,
     MessageTooLarge,
 )
-from brokerkit._url import HostPort
 
-__all__ = ["is_transient", "mapped", "translate"]
+__all__ = ["error_map", "is_transient"]
 
 _TRANSPORT = (
     nats.errors.NoServersError,
@@ -49,42 +57,41 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSPORT) and not isinstance(exc, _AUTH)
 
 
-def translate(exc: BaseException, what: str, hosts: Sequence[HostPort]) -> BrokerkitError:
-    """The brokerkit error for a driver exception, most specific first.
+def _refusal(exc: BaseException, what: str, where: str) -> BrokerRefused | None:
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError):
+        return None  # JetStream not answering: a transport condition (next rules)
+    err_code = getattr(exc, "err_code", None)
+    desc = getattr(exc, "description", None) or type(exc).__name__
+    text = f"{what}: JetStream at {where} refused: {desc} (err_code {err_code})"
+    return BrokerRefused(text, code=err_code or getattr(exc, "code", None))
 
-    The text names the operation and the servers (never credentials).
-    """
-    if isinstance(exc, BrokerkitError):
-        return exc
+
+def error_map(what: str, hosts: Sequence[HostPort]) -> ErrorMap:
+    """The table for ``what`` (an operation, named in each message) on a connection to ``hosts``."""
     where = ", ".join(str(h) for h in hosts) or "the NATS server"
     first = hosts[0] if hosts else HostPort("localhost")
-    if isinstance(exc, _AUTH):
-        return ConfigError(f"NATS at {where} refused the credentials or TLS settings ({what})")
-    if isinstance(exc, nats.errors.MaxPayloadError):
-        return MessageTooLarge(f"{what}: the message exceeds the server's max_payload")
-    if isinstance(exc, nats.errors.MsgAlreadyAckdError):
-        return AlreadySettled(f"{what}: the message was already settled")
-    if isinstance(exc, nats.js.errors.APIError) and not isinstance(
-        exc, nats.js.errors.ServiceUnavailableError
-    ):
-        code = getattr(exc, "err_code", None)
-        desc = getattr(exc, "description", None) or type(exc).__name__
-        return BrokerkitError(f"{what}: JetStream at {where} refused: {desc} (err_code {code})")
-    if isinstance(exc, _TRANSPORT):
-        return BrokerUnavailable(
-            f"{what}: NATS at {where} did not answer ({type(exc).__name__})",
-            host=first.host,
-            port=first.port,
-        )
-    return BrokerkitError(f"{what}: unexpected NATS client error {type(exc).__name__}")
 
+    def unavailable(text: str) -> BrokerUnavailable:
+        return BrokerUnavailable(text, host=first.host, port=first.port)
 
-@contextmanager
-def mapped(what: str, hosts: Sequence[HostPort]) -> Iterator[None]:
-    """Run a block; re-raise any driver exception as its brokerkit error."""
-    try:
-        yield
-    except BrokerkitError:
-        raise
-    except (TimeoutError, nats.errors.Error, OSError) as exc:
-        raise translate(exc, what, hosts) from exc
+    return ErrorMap(
+        (
+            _AUTH,
+            lambda e: ConfigError(
+                f"NATS at {where} refused the credentials or TLS settings ({what})"
+            ),
+        ),
+        (
+            nats.errors.MaxPayloadError,
+            lambda e: MessageTooLarge(f"{what}: the message exceeds the server's max_payload"),
+        ),
+        (nats.js.errors.APIError, lambda e: _refusal(e, what, where)),
+        (
+            _TRANSPORT,
+            lambda e: unavailable(f"{what}: NATS at {where} did not answer ({type(e).__name__})"),
+        ),
+        (
+            nats.errors.Error,
+            lambda e: unavailable(f"{what}: unexpected NATS client error {type(e).__name__}"),
+        ),
+    )

@@ -25,9 +25,10 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from brokerkit.backends import FIFO_GROUP_HEADER, HEADER_PREFIX
+
 __all__ = [
     "DEDUP_HEADER",
-    "GROUP_HEADER",
     "USER_HEADERS",
     "QueueLayout",
     "decode_headers",
@@ -36,11 +37,15 @@ __all__ = [
 ]
 
 DEDUP_HEADER = "Nats-Msg-Id"
-"""The server's dedup header: the user's ``dedup_id`` on a queue, a derived id on a DLQ."""
-GROUP_HEADER = "x-brokerkit-g"
-"""The message's fifo_group (printable ASCII without spaces: a safe header value)."""
-USER_HEADERS = "x-brokerkit-h"
-"""The user's headers as one ASCII JSON object (byte-exact for any str -> str)."""
+"""The server's own dedup field: the user's ``dedup_id`` on a queue, a derived id on a DLQ
+(NATS has a native field, so the toolkit's ``DEDUP_ID_HEADER`` is not used)."""
+USER_HEADERS = HEADER_PREFIX + "headers"
+"""The user's headers as one ASCII JSON object (byte-exact for any str -> str). The
+message's fifo_group travels in the toolkit's ``FIFO_GROUP_HEADER`` (printable ASCII
+without spaces: a safe header value)."""
+_LEGACY_USER_HEADERS, _LEGACY_GROUP = HEADER_PREFIX + "h", HEADER_PREFIX + "g"
+"""The names brokerkit used before the toolkit's: still read, so messages stored by an
+earlier version keep their headers and fifo_group."""
 HEADER_ROOM = 64 * 1024
 """Bytes of ``max_payload`` kept for encoded headers: the worst case of 8 KiB of user headers."""
 
@@ -92,7 +97,7 @@ def encode_headers(
         # DEL is the one ASCII control json leaves alone.
         out[USER_HEADERS] = json.dumps(dict(user), separators=(",", ":")).replace("\x7f", "\\u007f")
     if fifo_group is not None:
-        out[GROUP_HEADER] = fifo_group
+        out[FIFO_GROUP_HEADER] = fifo_group
     if dedup_id is not None:
         out[DEDUP_HEADER] = dedup_id
     return out or None
@@ -103,5 +108,10 @@ def decode_headers(raw: Mapping[str, str] | None) -> tuple[dict[str, str], str |
     if not raw:
         return {}, None, None
     blob = raw.get(USER_HEADERS)
+    if blob is None:
+        blob = raw.get(_LEGACY_USER_HEADERS)
     user: dict[str, str] = json.loads(blob) if blob else {}
-    return user, raw.get(GROUP_HEADER), raw.get(DEDUP_HEADER)
+    group = raw.get(FIFO_GROUP_HEADER)
+    if group is None:
+        group = raw.get(_LEGACY_GROUP)
+    return user, group, raw.get(DEDUP_HEADER)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from brokerkit._options import Options
+from brokerkit.backends import Options
 
 __all__ = ["NatsOptions"]
 
@@ -35,7 +35,8 @@ class NatsOptions(Options):
     max_ack_pending: int = Field(10_000, ge=1)
     """Most unsettled messages without a fifo_group per consumer group."""
     max_message_bytes: int = Field(960 * _KIB, ge=256 * _KIB)
-    """Largest body; lowered at open to the server's ``max_payload`` minus header room."""
+    """Largest body (``capabilities.max_message_bytes``). A server whose ``max_payload`` minus
+    header room is smaller makes ``publish`` refuse larger bodies (MessageTooLarge)."""
     confirm_acks: bool = False
     """``ack`` waits for the server's reply (``ack_sync``) instead of a pipelined ``ack``."""
     connect_timeout: float = Field(2.0, gt=0, le=60)

@@ -14,25 +14,33 @@ longer than half its lease is dropped (the server redelivers it).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from brokerkit._errors import BrokerkitError, LeaseExpired
-from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
-from brokerkit.backends.nats._layout import QueueLayout, decode_headers, encode_headers
+from brokerkit.backends import (
+    BrokerRefused,
+    BrokerUnavailable,
+    ConfigError,
+    Delivery,
+    LeaseExpired,
+    Outgoing,
+    PublishCopy,
+    Receiver,
+    ReceiverSettings,
+    ResourceClosed,
+)
+from brokerkit.backends.nats._layout import QueueLayout, decode_headers
+from brokerkit.backends.nats._link import NatsLink
 
-if TYPE_CHECKING:
-    from brokerkit.backends.nats._backend import NatsBackend
-
-__all__ = ["NatsReceiver"]
+__all__ = ["Lease", "NatsReceiver"]
 
 _STATUS = "Status"
 _HEARTBEAT = "100"
@@ -45,14 +53,43 @@ _EXPIRY_GRACE = 0.25
 _MAX_PULL = 30.0
 _LEASE_MARGIN = 0.02
 """Settling this close to the server's lease end raises LeaseExpired: it may be redelivered."""
+_PRUNE_AT = 1024
+"""Renewals kept before the ones that ran out (never settled here) are dropped."""
+_BEST_EFFORT = (
+    nats.errors.Error,
+    OSError,
+    TimeoutError,
+    BrokerRefused,
+    BrokerUnavailable,
+    ConfigError,
+    ResourceClosed,
+)
+"""What a best-effort step at close may meet (the server redelivers what it did not hear)."""
 
 
-@dataclass(slots=True)
-class _Lease:
-    """A delivery's receipt: the message and when the server's ack_wait runs out."""
+@dataclass(frozen=True, slots=True, eq=False)
+class Lease:
+    """A delivery's receipt: the message and when the server's ack_wait runs out, as of the
+    hand-out. Never changed: a renewal by ``extend`` is kept by the receiver (hashed by
+    identity)."""
 
     msg: Msg
     deadline: float
+
+
+_new = object.__new__
+_set_msg = vars(Lease)["msg"].__set__
+_set_deadline = vars(Lease)["deadline"].__set__
+
+
+def _lease(msg: Msg, deadline: float) -> Lease:
+    """``Lease(msg, deadline)`` at half the cost, once per delivered message: a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``; the slots' own
+    descriptors set them directly."""
+    lease: Lease = _new(Lease)
+    _set_msg(lease, msg)
+    _set_deadline(lease, deadline)
+    return lease
 
 
 @dataclass(slots=True)
@@ -62,26 +99,35 @@ class _Pull:
     expires_at: float
 
 
-class NatsReceiver(Receiver):
+class NatsReceiver(Receiver[Lease]):
     """receive -> pull requests ($JS.API.CONSUMER.MSG.NEXT); ack -> ack(); nack -> nak(delay);
     extend -> in_progress(); dead_letter -> publish to the DLQ stream, then term()."""
 
     def __init__(
         self,
-        backend: NatsBackend,
-        queue: str,
+        link: NatsLink,
         group: str,
         layout: QueueLayout,
         settings: ReceiverSettings,
         *,
         dead_letters: bool,
     ) -> None:
-        self._backend = backend
-        self._queue = queue
+        self._link = link
         self._group = group
         self._layout = layout
         self._settings = settings
         self._dead_letters = dead_letters
+        self._confirm_acks = link.options.confirm_acks
+        self._request_timeout = link.options.request_timeout
+        errors = link.errors
+        self._on_receive, self._on_ack, self._on_nack = (
+            errors("receive"),
+            errors("ack"),
+            errors("nack"),
+        )
+        self._on_extend, self._on_dead = errors("extend"), errors("dead_letter")
+        self._renewed: dict[Lease, float] = {}
+        self._prune_at = _PRUNE_AT
         slots = layout.partitions + 1
         names = [layout.consumer(group, s) for s in range(slots)]
         self._slot_of = {name: s for s, name in enumerate(names)}
@@ -95,9 +141,9 @@ class NatsReceiver(Receiver):
         self._closed = False
 
     async def start(self) -> None:
-        nc = self._backend.client
+        nc = self._link.client
         self._inbox = nc.new_inbox()
-        with self._backend._mapped("subscribe"):
+        with self._link.errors("subscribe"):
             self._sub = await nc.subscribe(f"{self._inbox}.>", cb=self._on_msg)
 
     # -- the pull engine ----------------------------------------------------------------
@@ -132,7 +178,7 @@ class NatsReceiver(Receiver):
 
     async def _issue(self, max_messages: int, wait: float) -> float:
         """Give every slot without a live request a new one; return the earliest expiry."""
-        nc = self._backend.client
+        nc = self._link.client
         now = asyncio.get_running_loop().time()
         linger = min(max(wait, 0.05), _MAX_PULL)
         expires_ns = int(linger * 1e9)
@@ -150,13 +196,13 @@ class NatsReceiver(Receiver):
             )
         return earliest
 
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Lease]]:
         """receive -> hand out buffered deliveries, else pull every slot and wait for the first."""
         if self._closed:
             return []
         loop = asyncio.get_running_loop()
         end = loop.time() + wait
-        with self._backend._mapped("receive"):
+        with self._on_receive:
             while True:
                 out = await self._take(max_messages)
                 if out:
@@ -177,13 +223,13 @@ class NatsReceiver(Receiver):
                     if wait <= 0:
                         return await self._take(max_messages)
 
-    async def _take(self, max_messages: int) -> list[Delivery]:
+    async def _take(self, max_messages: int) -> list[Delivery[Lease]]:
         """Up to ``max_messages`` buffered deliveries; drops stale ones, refreshes aged ones."""
         now = asyncio.get_running_loop().time()
         stale = self._settings.ack_timeout * _STALE_FRACTION
         lease = self._settings.ack_timeout
         taken: list[tuple[float, Msg]] = []
-        out: list[Delivery] = []
+        out: list[Delivery[Lease]] = []
         while self._buffer and len(out) < max_messages:
             arrived, msg = self._buffer.popleft()
             if now - arrived > stale:
@@ -200,7 +246,7 @@ class NatsReceiver(Receiver):
             raise
         return out
 
-    def _delivery(self, msg: Msg, deadline: float) -> Delivery:
+    def _delivery(self, msg: Msg, deadline: float) -> Delivery[Lease]:
         md = msg.metadata
         try:
             user, fifo_group, msg_id = decode_headers(msg.headers)
@@ -213,7 +259,7 @@ class NatsReceiver(Receiver):
             fifo_group=fifo_group,
             dedup_id=None if self._dead_letters else msg_id,
             attempt=md.num_delivered,
-            receipt=_Lease(msg, deadline),
+            receipt=_lease(msg, deadline),
             extras={
                 "stream": md.stream,
                 "consumer": md.consumer,
@@ -225,30 +271,36 @@ class NatsReceiver(Receiver):
 
     # -- settling -----------------------------------------------------------------------
 
-    @staticmethod
-    def _held(delivery: Delivery, verb: str) -> Msg:
+    def _held(self, delivery: Delivery[Lease], verb: str) -> Msg:
         """The message, or LeaseExpired once the server's ack_wait has (nearly) run out."""
-        lease: _Lease = delivery.receipt
-        if asyncio.get_running_loop().time() > lease.deadline - _LEASE_MARGIN:
+        lease = delivery.receipt
+        deadline = self._renewed.get(lease, lease.deadline) if self._renewed else lease.deadline
+        if asyncio.get_running_loop().time() > deadline - _LEASE_MARGIN:
             raise LeaseExpired(
                 f"cannot {verb} message {delivery.id!r}: its JetStream lease (ack_wait) ran out"
             )
         return lease.msg
 
-    async def ack(self, delivery: Delivery) -> None:
+    def _settled(self, delivery: Delivery[Lease]) -> None:
+        if self._renewed:
+            self._renewed.pop(delivery.receipt, None)
+
+    async def ack(self, delivery: Delivery[Lease]) -> None:
         """ack -> ``+ACK`` (pipelined; ``?confirm_acks=true`` waits for the server: ack_sync)."""
         msg = self._held(delivery, "ack")
-        with self._backend._mapped("ack"):
-            if self._backend.options.confirm_acks:
-                await msg.ack_sync(timeout=self._backend.options.request_timeout)
+        with self._on_ack:
+            if self._confirm_acks:
+                await msg.ack_sync(timeout=self._request_timeout)
             else:
                 await msg.ack()
+        self._settled(delivery)
 
-    async def nack(self, delivery: Delivery, delay: float) -> None:
+    async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
         """nack -> ``-NAK {"delay": ns}``: stays pending (holds its partition) until redelivered."""
         msg = delivery.receipt.msg  # past the lease a nak changes nothing: no error
-        with self._backend._mapped("nack"):
+        with self._on_nack:
             await self._nak(msg, delay)
+        self._settled(delivery)
 
     async def _nak(self, msg: Msg, delay: float) -> None:
         """``-NAK``; before 2.10 not before this receiver's pull on that durable has ended.
@@ -259,7 +311,7 @@ class NatsReceiver(Receiver):
         outstanding request (<= its linger, about 1 s) keeps the redelivery away
         from it; ``aclose`` keeps the inbox until every request has ended.
         """
-        if self._backend.drain_pulls:
+        if self._link.drain_pulls:
             slot = self._slot_of.get(msg.metadata.consumer, -1)
             pull = self._pulls[slot] if slot >= 0 else None
             if pull is not None:
@@ -267,38 +319,41 @@ class NatsReceiver(Receiver):
                 delay = max(delay, left)
         await msg.nak(delay=delay if delay > 0 else None)
 
-    async def release(self, deliveries: Sequence[Delivery]) -> None:
+    async def release(self, deliveries: Sequence[Delivery[Lease]]) -> None:
         """release -> ``-NAK`` each (JetStream already counted the delivery: attempt + 1)."""
         for delivery in deliveries:
             await self.nack(delivery, 0.0)
 
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+    async def extend(self, delivery: Delivery[Lease], ack_timeout: float) -> None:
         """extend -> ``+WPI`` (in_progress): the server restarts the durable's ack_wait."""
         msg = self._held(delivery, "extend")
-        with self._backend._mapped("extend"):
+        with self._on_extend:
             await msg.in_progress()
-        delivery.receipt.deadline = asyncio.get_running_loop().time() + ack_timeout
+        renewed = self._renewed
+        renewed[delivery.receipt] = asyncio.get_running_loop().time() + ack_timeout
+        if len(renewed) > self._prune_at:  # renewals of deliveries whose lease ran out
+            now = asyncio.get_running_loop().time()
+            self._renewed = {k: v for k, v in renewed.items() if v > now}
+            self._prune_at = max(_PRUNE_AT, 2 * len(self._renewed))
 
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
+    async def dead_letter(
+        self, delivery: Delivery[Lease], copy: Outgoing, publish: PublishCopy
+    ) -> None:
         """dead_letter -> publish the copy to the DLQ stream and await its PubAck, then ``+TERM``.
 
-        The copy's Nats-Msg-Id is ``<group>:<stream seq>``: a crash between the
-        two steps redelivers the original, and dead-lettering it again inside the
-        dedup window stores no second copy.
+        The seam's copy-then-ack, with two differences that make it safe to repeat: the
+        lease is checked before copying, and the copy's Nats-Msg-Id is
+        ``<group>:<stream seq>``: a crash (or a lost lease) between the two steps
+        redelivers the original, and dead-lettering it again inside the dedup window
+        stores no second copy. ``+TERM`` rather than ``+ACK`` tells the server (and its
+        advisories) that the message was given up, not processed.
         """
         msg = self._held(delivery, "dead-letter")
-        backend = self._backend
-        dlq = await backend.layout(self._queue, True)
         seq = msg.metadata.sequence.stream
-        headers = encode_headers({**delivery.headers, **envelope}, delivery.fifo_group, None)
-        assert headers is not None
-        headers["Nats-Msg-Id"] = f"{self._group}:{seq}"
-        await backend.publish_raw(
-            [(dlq.subject(delivery.fifo_group), delivery.body, headers)],
-            what=f"dead-letter to the DLQ of {self._queue!r}",
-        )
-        with backend._mapped("dead_letter"):
+        await publish(dataclasses.replace(copy, dedup_id=f"{self._group}:{seq}"))
+        with self._on_dead:
             await msg.term()
+        self._settled(delivery)
 
     async def _drain(self) -> list[Msg]:
         """Before 2.10: wait (keeping the inbox) until every outstanding pull request ended.
@@ -328,20 +383,22 @@ class NatsReceiver(Receiver):
         if self._closed:
             return
         self._closed = True
-        self._backend.discard(self)
+        link = self._link
+        link.receivers.discard(self)
         sub, self._sub = self._sub, None
         buffered = [msg for _, msg in self._buffer]
         self._buffer.clear()
-        nc = self._backend._nc
+        self._renewed.clear()
+        nc = link.nc
         if nc is None or nc.is_closed:
             return
         try:
-            if self._backend.drain_pulls:
+            if link.drain_pulls:
                 buffered += await self._drain()
             if sub is not None:
                 await sub.unsubscribe()
             for msg in buffered:
                 await self._nak(msg, 0.0)
-            await nc.flush(timeout=max(1, int(self._backend.options.request_timeout)))
-        except (nats.errors.Error, OSError, TimeoutError, BrokerkitError):
+            await nc.flush(timeout=max(1, int(self._request_timeout)))
+        except _BEST_EFFORT:
             pass  # the server redelivers whatever it did not hear about after ack_wait

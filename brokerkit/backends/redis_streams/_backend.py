@@ -1,57 +1,41 @@
-"""RedisBackend: the connection, publishing and subscribing."""
+"""RedisBackend: the connection, publishing, declaring and subscribing."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from brokerkit._errors import ConfigError
-from brokerkit._message import Outgoing, PublishResult
-from brokerkit._options import parse_options
-from brokerkit._url import BrokerURL, HostPort
-from brokerkit.backends.base import Backend, Capabilities, Receiver, ReceiverSettings
-from brokerkit.backends.redis_streams import _lua
-from brokerkit.backends.redis_streams._errors import Runner
+from brokerkit.backends import (
+    Backend,
+    BrokerURL,
+    Capabilities,
+    ConfigError,
+    HostPort,
+    Outgoing,
+    PublishResult,
+    QueueRef,
+    ReceiverSettings,
+    parse_options,
+)
 from brokerkit.backends.redis_streams._keys import (
     FIFO_ID_PREFIX,
     Keys,
-    Script,
-    command,
     encode_outgoing,
     public_id,
-    run_script,
 )
+from brokerkit.backends.redis_streams._link import RedisLink
 from brokerkit.backends.redis_streams._options import RedisOptions
+from brokerkit.backends.redis_streams._receiver import RedisReceiver
 
 __all__ = ["RedisBackend"]
 
 DEFAULT_PORT = 6379
 _PIPELINE_CHUNK = 2000
-
-
-class Scripts:
-    """The Lua scripts of ``_lua``, each with its SHA."""
-
-    def __init__(self) -> None:
-        self.take = Script.of(_lua.TAKE)
-        self.ack = Script.of(_lua.ACK)
-        self.ack_bare = Script.of(_lua.ACK_BARE)
-        self.nack = Script.of(_lua.NACK)
-        self.dead = Script.of(_lua.DEAD)
-        self.extend = Script.of(_lua.EXTEND)
-        self.publish_dedup = Script.of(_lua.PUBLISH_DEDUP)
-        self.trim = Script.of(_lua.TRIM)
-        self.forget_consumer = Script.of(_lua.FORGET_CONSUMER)
-
-
-SCRIPTS = Scripts()
 
 
 class RedisBackend(Backend):
@@ -62,8 +46,8 @@ class RedisBackend(Backend):
     * publish -> ``XADD`` to ``<prefix>{queue}:s``, or to its fifo twin ``…:sf`` for a
       message with a fifo_group (pipelined for ``publish_many``); with a dedup_id ->
       script ``GET``/``XADD``/``SET PX`` on ``<prefix>{queue}:dd:<id>``;
-    * subscribe -> ``XGROUP CREATE <stream> <group> 0 MKSTREAM`` on both (new groups start
-      at the oldest retained entry);
+    * subscribe / declare -> ``XGROUP CREATE <stream> <group> 0 MKSTREAM`` on both (new
+      groups start at the oldest retained entry);
     * receive -> ``XREADGROUP >`` on ``:s`` (no script), and script TAKE: ``XCLAIM``
       expired leases and due entries, ``XREADGROUP >`` on ``:sf`` with fifo routing; then
       ``XREAD BLOCK`` to wait. A lease is the PEL entry's delivery time + the consumer's
@@ -86,14 +70,14 @@ class RedisBackend(Backend):
         *,
         owns_client: bool,
     ) -> None:
+        self.link = RedisLink(client, options, hosts)
         self.client = client
         self.options = options
-        self.hosts = tuple(hosts)
-        self.keys = Keys(options.prefix)
-        self.run = Runner(self.hosts)
-        self.scripts = SCRIPTS
+        self.hosts = self.link.hosts
+        self.keys = self.link.keys
+        self.server_version: str | None = None
+        """The server's ``redis_version``, read by ``open`` (None before)."""
         self._owns_client = owns_client
-        self._groups: set[tuple[str, str]] = set()
         self._closed = False
         self.capabilities = Capabilities(
             max_message_bytes=options.max_message_bytes,
@@ -101,9 +85,9 @@ class RedisBackend(Backend):
             dedup_window_configurable=True,
             fan_out=True,
             max_nack_delay=30 * 86400.0,
-            lease_granularity=0.001,
             redelivery_slack=options.poll_interval + 0.25,
             ack_flush_interval=options.ack_flush_interval,
+            extras={"server": "redis"},
         )
 
     def __repr__(self) -> str:
@@ -150,14 +134,11 @@ class RedisBackend(Backend):
     def from_client(cls, client: Redis, **options: Any) -> RedisBackend:
         """A backend around your own ``redis.asyncio.Redis`` (``decode_responses=False``).
 
-        ``options`` are the URL query options as keywords. The client stays yours:
-        closing the broker does not close it. Wrap with ``brokerkit.from_backend``.
+        ``options`` are the URL query options as keywords (ConfigError naming a bad one).
+        The client stays yours: closing the broker does not close it. Wrap with
+        ``brokerkit.from_backend``.
         """
-        try:
-            parsed = RedisOptions(**options)
-        except ValidationError as exc:
-            names = ", ".join(sorted({str(e["loc"][0]) for e in exc.errors() if e["loc"]}))
-            raise ConfigError(f"bad RedisBackend option(s): {names}") from None
+        parsed = parse_options(options, RedisOptions, scheme="redis")
         kwargs = client.connection_pool.connection_kwargs
         if kwargs.get("decode_responses"):
             raise ConfigError("RedisBackend.from_client needs a client with decode_responses=False")
@@ -165,13 +146,12 @@ class RedisBackend(Backend):
         return cls(client, parsed, (host,), owns_client=False)
 
     async def open(self) -> None:
-        """``PING`` with a bounded retry (BrokerUnavailable naming host:port), then ``INFO``."""
-        await self.run(self.client.ping)
-        info = await self.command("INFO", "server")
-        version = str(info.get("redis_version", ""))
-        self.capabilities = dataclasses.replace(
-            self.capabilities, extras={"server": "redis", "server_version": version}
-        )
+        """``PING`` with a bounded retry (BrokerUnavailable naming host:port), then ``INFO``
+        for ``server_version`` (capabilities stay as constructed)."""
+        link = self.link
+        await link.run(self.client.ping)
+        info = await link.command("INFO", "server")
+        self.server_version = str(info.get("redis_version", "")) or None
 
     async def aclose(self) -> None:
         if self._closed:
@@ -183,19 +163,20 @@ class RedisBackend(Backend):
             except (rex.RedisError, OSError):
                 pass
 
-    async def publish(self, queue: str, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """``XADD`` each (pipelined, in order) to the queue's stream, or to its fifo twin for
-        a message with a fifo_group; one with a dedup_id goes through the dedup script.
+    async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """``XADD`` each (pipelined, in order) to the queue's stream (or its DLQ's), or to its
+        fifo twin for a message with a fifo_group; one with a dedup_id goes through the
+        dedup script (a DLQ keeps its own dedup ids).
 
         A retry after a lost connection may publish a message without dedup_id twice
         (at-least-once); messages with a dedup_id never are.
         """
-        stream = self.keys.stream(queue)
+        stream = self.keys.stream(queue.name, queue.dead_letters)
         if len(messages) == 1 and messages[0].dedup_id is None:
             msg = messages[0]
             fifo = msg.fifo_group is not None
             target = Keys.fifo(stream) if fifo else stream
-            entry_id = await self.command("XADD", target, "*", *encode_outgoing(msg))
+            entry_id = await self.link.command("XADD", target, "*", *encode_outgoing(msg))
             return [PublishResult(public_id(entry_id, fifo), duplicate=False)]
         results: list[PublishResult] = []
         for start in range(0, len(messages), _PIPELINE_CHUNK):
@@ -210,12 +191,16 @@ class RedisBackend(Backend):
                     )
         return results
 
-    async def _publish_chunk(self, queue: str, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
-        return await self.run(lambda: self._pipeline(queue, stream, chunk))
+    async def _publish_chunk(
+        self, queue: QueueRef, stream: str, chunk: Sequence[Outgoing]
+    ) -> list[Any]:
+        return await self.link.run(lambda: self._pipeline(queue, stream, chunk))
 
-    async def _pipeline(self, queue: str, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
+    async def _pipeline(self, queue: QueueRef, stream: str, chunk: Sequence[Outgoing]) -> list[Any]:
         window_ms = max(1, round(self.options.dedup_window * 1000))
         fifo_stream = Keys.fifo(stream)
+        keys = self.keys
+        script = self.link.scripts.publish_dedup.text
         pipe = self.client.pipeline(transaction=False)
         for msg in chunk:
             fields = encode_outgoing(msg)
@@ -225,72 +210,50 @@ class RedisBackend(Backend):
                 pipe.execute_command("XADD", target, "*", *fields)
             else:
                 # EVAL, not EVALSHA: a pipeline cannot recover from NOSCRIPT midway
-                dedup_key = self.keys.dedup(queue, msg.dedup_id)
-                script = self.scripts.publish_dedup.text
+                dedup_key = keys.dedup(queue.name, msg.dedup_id, queue.dead_letters)
                 prefix = FIFO_ID_PREFIX if fifo else ""
                 pipe.execute_command(
                     "EVAL", script, 2, target, dedup_key, window_ms, prefix, *fields
                 )
         return list(await pipe.execute())
 
-    async def ensure_group(self, stream: str, group: str) -> None:
-        """``XGROUP CREATE <s> group 0 MKSTREAM`` on the stream and its fifo twin; BUSYGROUP
-        (already there) is fine."""
-        if (stream, group) in self._groups:
-            return
-
-        async def create() -> None:
-            for name in (stream, Keys.fifo(stream)):
-                try:
-                    await command(self.client, "XGROUP", "CREATE", name, group, "0", "MKSTREAM")
-                except rex.ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
-
-        await self.run(create)
-        self._groups.add((stream, group))
+    async def declare(self, queue: QueueRef, group: str | None = None) -> None:
+        """Create consumer ``group`` on the queue's (or DLQ's) stream pair now:
+        ``XGROUP CREATE … 0 MKSTREAM``. Streams need no declaring (the first ``XADD`` makes
+        them, and a group created later still starts at the oldest entry)."""
+        if group is not None:
+            await self.link.declare_group(self.keys.stream(queue.name, queue.dead_letters), group)
 
     async def delete_queue(self, queue: str) -> None:
         """``DEL`` every key of the queue, found by ``SCAN MATCH <prefix>{queue}:*``: both
         streams and their fifo twins (with their consumer groups), the groups' due sets,
         bells and fifo lists, and the dedup keys."""
         pattern = _glob_escape(self.keys.base(queue)) + ":*"
+        client = self.client
 
         async def delete() -> None:
             found: list[Any] = []
-            async for key in self.client.scan_iter(match=pattern, count=1000):
+            async for key in client.scan_iter(match=pattern, count=1000):
                 found.append(key)
                 if len(found) >= 500:
-                    await self.client.delete(*found)
+                    await client.delete(*found)
                     found.clear()
             if found:
-                await self.client.delete(*found)
+                await client.delete(*found)
 
-        await self.run(delete)
-        streams = {self.keys.stream(queue), self.keys.stream(queue, dead_letters=True)}
-        self._groups = {g for g in self._groups if g[0] not in streams}
-
-    def forget_group(self, stream: str, group: str) -> None:
-        self._groups.discard((stream, group))
-
-    async def command(self, *args: Any, patient: bool = False) -> Any:
-        """Run one Redis command through the one error-mapping path (``Runner``)."""
-        return await self.run(lambda: command(self.client, *args), patient=patient)
-
-    async def script(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, patient: bool = False
-    ) -> Any:
-        """Run a Lua script through the one error-mapping path (``Runner``)."""
-        return await self.run(lambda: run_script(self.client, script, keys, args), patient=patient)
+        await self.link.run(delete)
+        self.link.forget_streams(
+            {self.keys.stream(queue), self.keys.stream(queue, dead_letters=True)}
+        )
 
     async def subscribe(
-        self, queue: str, group: str, settings: ReceiverSettings, *, dead_letters: bool = False
-    ) -> Receiver:
-        from brokerkit.backends.redis_streams._receiver import RedisReceiver
-
-        stream = self.keys.stream(queue, dead_letters)
-        await self.ensure_group(stream, group)
-        return RedisReceiver(self, stream, self.keys.stream(queue, True), group, settings)
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> RedisReceiver:
+        """Declare the group on the queue's (or DLQ's) stream pair, then a receiver on it."""
+        stream = self.keys.stream(queue.name, queue.dead_letters)
+        await self.link.declare_group(stream, group)
+        dlq = self.keys.stream(queue.name, dead_letters=True)
+        return RedisReceiver(self.link, stream, dlq, group, settings)
 
 
 def _glob_escape(text: str) -> str:

@@ -1,4 +1,9 @@
-"""The one place where redis-py exceptions become brokerkit errors."""
+"""The one place where redis-py exceptions become brokerkit errors, and the bounded retry.
+
+``error_map(hosts)`` is the backend's ``ErrorMap`` table (most specific first, cause kept);
+``Runner`` runs every Redis call once and, on a transient failure only, again under the
+toolkit's ``retry_unavailable`` (BrokerUnavailable naming host:port once it gives up).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,16 @@ from typing import TypeVar
 
 from redis import exceptions as rex
 
-from brokerkit._errors import BrokerkitError, BrokerUnavailable, ConfigError
-from brokerkit._retry import DEFAULT_DEADLINE, retry_unavailable
-from brokerkit._url import HostPort
+from brokerkit.backends import (
+    BrokerRefused,
+    BrokerUnavailable,
+    ConfigError,
+    ErrorMap,
+    HostPort,
+    retry_unavailable,
+)
 
-__all__ = ["Runner", "is_transient", "map_error"]
+__all__ = ["MAPPED", "PATIENT_ATTEMPTS", "Runner", "error_map", "is_transient", "refusal_code"]
 
 T = TypeVar("T")
 
@@ -19,71 +29,81 @@ PATIENT_ATTEMPTS = 100
 """A consumer's own calls (receive, flushing acks) retry until the deadline, not 5 tries:
 a Redis restart takes a few seconds, and the iterator should ride it out."""
 
+MAPPED = (BrokerRefused, BrokerUnavailable, ConfigError)
+"""Every error a Redis call can raise once mapped: what a best-effort step catches."""
+
+_CREDENTIALS = (rex.AuthenticationError, rex.AuthorizationError)
+_TRANSIENT = (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, OSError)
+
 
 def is_transient(exc: BaseException) -> bool:
     """Worth retrying: the server is unreachable, restarting or still loading."""
-    if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
-        return False
-    return isinstance(exc, rex.ConnectionError | rex.TimeoutError | rex.BusyLoadingError | OSError)
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, _CREDENTIALS)
 
 
-def map_error(exc: BaseException, hosts: Sequence[HostPort]) -> BrokerkitError:
-    """The most specific brokerkit error for a redis-py exception (the caller keeps the cause)."""
+def refusal_code(exc: BaseException) -> str | None:
+    """The error code Redis put first in its reply (``NOGROUP``, ``NOPERM``, ``ERR``...)."""
+    word = str(exc).split(" ", 1)[0]
+    return word if word.isupper() else None
+
+
+def error_map(hosts: Sequence[HostPort]) -> ErrorMap:
+    """The table for a connection to ``hosts`` (named in every message; never a password)."""
     where = ", ".join(str(h) for h in hosts) or "redis"
     first = hosts[0] if hosts else HostPort("localhost")
-    if isinstance(exc, BrokerkitError):
-        return exc
-    if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError | rex.NoPermissionError):
-        return ConfigError(f"redis at {where} refused the credentials or the permission")
-    if is_transient(exc):
-        return BrokerUnavailable(
-            f"redis at {where} is unavailable", host=first.host, port=first.port
-        )
-    if isinstance(exc, rex.ResponseError):
-        return BrokerkitError(f"redis at {where} answered with an error: {exc}")
-    return BrokerkitError(f"redis client error talking to {where}: {type(exc).__name__}")
+
+    def unavailable(text: str) -> BrokerUnavailable:
+        return BrokerUnavailable(text, host=first.host, port=first.port)
+
+    return ErrorMap(
+        (_CREDENTIALS, lambda e: ConfigError(f"redis at {where} refused the credentials")),
+        (
+            rex.NoPermissionError,
+            lambda e: BrokerRefused(
+                f"redis at {where} refused the permission: {e}", code=refusal_code(e)
+            ),
+        ),
+        (_TRANSIENT, lambda e: unavailable(f"redis at {where} is unavailable")),
+        (
+            rex.ResponseError,
+            lambda e: BrokerRefused(f"redis at {where} refused: {e}", code=refusal_code(e)),
+        ),
+        (
+            rex.RedisError,
+            lambda e: unavailable(f"redis client error talking to {where}: {type(e).__name__}"),
+        ),
+    )
 
 
 class Runner:
     """Runs redis calls: once on the fast path, then a bounded retry on transient failure.
 
-    Raises BrokerUnavailable (naming host:port) once the retry gives up, and maps every
-    other redis-py error through ``map_error``.
+    Every driver error leaves through the backend's ``ErrorMap``; BrokerUnavailable
+    (naming host:port) once the retry gives up.
     """
 
-    __slots__ = ("hosts",)
+    __slots__ = ("errors", "hosts")
 
     def __init__(self, hosts: Sequence[HostPort]) -> None:
         self.hosts = tuple(hosts)
+        self.errors = error_map(self.hosts)
 
     async def __call__(self, operation: Callable[[], Awaitable[T]], *, patient: bool = False) -> T:
         """Run ``operation``; ``patient`` retries for the whole deadline (10 s), else 5 tries."""
-        try:
-            return await operation()
-        except rex.RedisError as exc:
-            if not is_transient(exc):
-                raise map_error(exc, self.hosts) from exc
-        except OSError:
-            pass
-        return await self.retry(operation, patient=patient)
-
-    async def retry(self, operation: Callable[[], Awaitable[T]], *, patient: bool = False) -> T:
-        # a coroutine *function*: tenacity calls anything else as sync and never awaits it
-        async def attempt() -> T:
-            return await operation()
-
-        try:
+        with self.errors:
+            try:
+                return await operation()
+            except _TRANSIENT as exc:
+                if not is_transient(exc):
+                    raise
             if patient:
                 return await retry_unavailable(
-                    attempt,
+                    operation,
                     what="redis",
                     hosts=self.hosts,
                     is_transient=is_transient,
                     attempts=PATIENT_ATTEMPTS,
-                    deadline=DEFAULT_DEADLINE,
                 )
             return await retry_unavailable(
-                attempt, what="redis", hosts=self.hosts, is_transient=is_transient
+                operation, what="redis", hosts=self.hosts, is_transient=is_transient
             )
-        except (rex.RedisError, OSError) as exc:
-            raise map_error(exc, self.hosts) from exc

@@ -12,12 +12,12 @@ from typing import Any
 from redis import exceptions as rex
 from redis.asyncio import Redis
 
-from brokerkit._message import Outgoing
-from brokerkit.backends.base import NO_EXTRAS, NO_HEADERS, Delivery
+from brokerkit.backends import NO_EXTRAS, NO_HEADERS, Delivery, Outgoing
 
 __all__ = [
     "FIFO_ID_PREFIX",
     "Keys",
+    "Receipt",
     "Script",
     "command",
     "decode_entry",
@@ -52,8 +52,9 @@ class Keys:
         """``…:sf`` (``…:df``): the twin stream holding the messages with a fifo_group."""
         return stream + "f"
 
-    def dedup(self, queue: str, dedup_id: str) -> str:
-        return f"{self.base(queue)}:dd:{dedup_id}"
+    def dedup(self, queue: str, dedup_id: str, dead_letters: bool = False) -> str:
+        """``<prefix>{queue}:dd:<id>`` (a DLQ's own: ``…:ddd:<id>``): where a dedup id lives."""
+        return f"{self.base(queue)}:{'ddd' if dead_letters else 'dd'}:{dedup_id}"
 
     @staticmethod
     def group(stream: str, group: str) -> tuple[str, str, str]:
@@ -86,6 +87,12 @@ def encode_outgoing(msg: Outgoing) -> list[bytes]:
     return encode_entry(msg.body, msg.fifo_group, msg.dedup_id, msg.headers)
 
 
+Receipt = tuple[bytes, int, float]
+"""A delivery's receipt: (entry id, PEL delivery count, holds_until). The first two are the
+lease token; holds_until is the loop time by which the lease surely still holds, as of the
+read (a renewal by ``extend`` is kept by the receiver, never written into the receipt). A
+tuple of atoms, which the cyclic GC stops tracking."""
+
 FIFO_ID_PREFIX = "f:"
 """Public ids of entries of a fifo twin stream start with this (the twins' ids may collide)."""
 
@@ -94,12 +101,12 @@ def public_id(entry_id: bytes, fifo: bool) -> str:
     return FIFO_ID_PREFIX + entry_id.decode() if fifo else entry_id.decode()
 
 
-def decode_plain(entries: Iterable[Any], holds_until: float = math.inf) -> list[Delivery]:
+def decode_plain(entries: Iterable[Any], holds_until: float = math.inf) -> list[Delivery[Receipt]]:
     """First deliveries (count 1) read by ``XREADGROUP`` from a plain stream: ``entries`` is
     its raw ``[entry id, fields]`` list. The common entry (just a body) is made here without
     a field loop or a call; ``fields`` may be a flat list or a dict (should a client parse
     it)."""
-    out: list[Delivery] = []
+    out: list[Delivery[Receipt]] = []
     append = out.append
     for entry_id, flat in entries:
         if len(flat) == 2 and flat[0] == F_BODY:
@@ -116,13 +123,11 @@ def decode_plain(entries: Iterable[Any], holds_until: float = math.inf) -> list[
 
 def decode_entry(
     entry_id: bytes, flat: Sequence[bytes], count: int, holds_until: float = math.inf
-) -> Delivery:
+) -> Delivery[Receipt]:
     """A Delivery from an entry id, its flat field list and its PEL delivery count.
 
     The entry's stream is told by its fields: one with a fifo_group lives in a fifo twin.
-    The receipt is ``(entry id, count, holds_until)``: the lease token, and the loop time
-    by which the lease surely still holds (the receiver replaces it on extend). A tuple of
-    atoms, which the cyclic GC stops tracking.
+    The receipt is a ``Receipt``: ``(entry id, count, holds_until)``.
     """
     body = b""
     fifo_group = dedup_id = None

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from brokerkit._options import Options
+from brokerkit.backends import Options
 
 __all__ = ["RedisOptions"]
 

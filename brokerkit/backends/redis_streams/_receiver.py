@@ -9,26 +9,31 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
 
-from redis import exceptions as rex
-
-from brokerkit._errors import BrokerkitError, LeaseExpired
-from brokerkit.backends.base import Delivery, Receiver, ReceiverSettings
+from brokerkit.backends import (
+    BrokerRefused,
+    Delivery,
+    LeaseExpired,
+    Outgoing,
+    PublishCopy,
+    Receiver,
+    ReceiverSettings,
+)
+from brokerkit.backends.redis_streams._errors import MAPPED
 from brokerkit.backends.redis_streams._keys import (
     Keys,
+    Receipt,
     decode_entry,
     decode_plain,
     encode_entry,
 )
-
-if TYPE_CHECKING:
-    from brokerkit.backends.redis_streams._backend import RedisBackend
+from brokerkit.backends.redis_streams._link import RedisLink
 
 __all__ = ["PARK", "RedisReceiver"]
 
-log = logging.getLogger("brokerkit.redis")
+log = logging.getLogger(__name__)
 
 PARK = "~park"
 """Pseudo consumer owning entries nobody holds: parked fifo entries, nacked ones."""
@@ -42,9 +47,11 @@ _TAKE_IDLE_SKIP = 0.01
 """How long a TAKE that found nothing lets full plain batches skip the next TAKE."""
 _SWEEP_INTERVAL = 0.1
 """Longest pause between two looks for expired leases while a receiver keeps reading."""
+_PRUNE_AT = 1024
+"""Renewals kept before the ones that ran out (never settled here) are dropped."""
 
 
-def _decode_taken(flat: Sequence[Any], holds_until: float) -> list[Delivery]:
+def _decode_taken(flat: Sequence[Any], holds_until: float) -> list[Delivery[Receipt]]:
     """TAKE's flat (kind, id, fields, count)* (the kind is implied by the fields)."""
     return [
         decode_entry(flat[i + 1], flat[i + 2], flat[i + 3], holds_until)
@@ -58,11 +65,11 @@ def _consumer_name(lease_ms: int) -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}/L{lease_ms}"
 
 
-def _lost(delivery: Delivery) -> LeaseExpired:
+def _lost(delivery: Delivery[Receipt]) -> LeaseExpired:
     return LeaseExpired(f"the lease on message {delivery.id!r} was lost; it may be redelivered")
 
 
-class RedisReceiver(Receiver):
+class RedisReceiver(Receiver[Receipt]):
     """One consumer (a unique Redis consumer name) of ``group`` on a stream pair.
 
     receive -> ``XREADGROUP >`` on the plain stream (no script) and script TAKE (expired
@@ -70,17 +77,20 @@ class RedisReceiver(Receiver):
     which goes first; then ``XREAD BLOCK`` on both streams and the group's bell; ack ->
     script ACK (coalesced up to ``ack_flush_interval`` for messages without a fifo_group);
     nack / release -> script NACK; dead_letter -> script DEAD; extend -> script EXTEND.
+
+    Receipts are never changed: a lease renewed by ``extend`` is remembered here, keyed by
+    (delivery id, delivery count), until the delivery is settled.
     """
 
     def __init__(
         self,
-        backend: RedisBackend,
+        link: RedisLink,
         stream: str,
         dlq: str,
         group: str,
         settings: ReceiverSettings,
     ) -> None:
-        self._backend = backend
+        self._link = link
         self._stream = stream
         self._fstream = Keys.fifo(stream)
         self._dlq = dlq
@@ -89,7 +99,7 @@ class RedisReceiver(Receiver):
         self._me = _consumer_name(self._lease_ms)
         self._due, self._bell, _ = Keys.group(stream, group)
         self._fdue, _, self._fprefix = Keys.group(self._fstream, group)
-        options = backend.options
+        options = link.options
         self._flush_interval = options.ack_flush_interval
         # an ack is coalesced only while its lease holds longer than this (never if 0)
         self._coalesce_min_left = (
@@ -102,7 +112,9 @@ class RedisReceiver(Receiver):
         self._next_sweep = 0.0
         self._plain_first = False
         self._take_idle_until = 0.0
-        self._acks: list[Delivery] = []
+        self._renewed: dict[tuple[str, int], float] = {}  # (id, count) -> holds_until
+        self._prune_at = _PRUNE_AT
+        self._acks: list[Receipt] = []  # coalesced, with the holds_until in force
         self._ack_ready = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
@@ -113,7 +125,7 @@ class RedisReceiver(Receiver):
 
     # -- receiving ---------------------------------------------------------------------------
 
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery]:
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Receipt]]:
         """Lease up to ``max_messages``; block at most ``wait`` s (in slices of poll_interval).
 
         The plain stream's new entries and TAKE's (expired, due, fifo) take turns going
@@ -149,13 +161,13 @@ class RedisReceiver(Receiver):
                 return []
             await self._block(reply, min(remaining, self._poll))
 
-    async def _read_plain(self, count: int, holds_until: float) -> list[Delivery]:
+    async def _read_plain(self, count: int, holds_until: float) -> list[Delivery[Receipt]]:
         """``XREADGROUP GROUP g me COUNT n STREAMS <stream> >``: new plain entries, leased
         implicitly (PEL delivery time + our lease) by the read itself."""
         # The command name as bytes: redis-py's response callbacks are keyed by str, so the
         # reply comes back unparsed, without a dict built per entry (decode_plain reads it).
         args = (b"XREADGROUP", "GROUP", self._group, self._me, "COUNT", count)
-        command = self._backend.command
+        command = self._link.command
         reply = await self._nogroup_safe(
             lambda: command(*args, "STREAMS", self._stream, ">", patient=True)
         )
@@ -166,7 +178,7 @@ class RedisReceiver(Receiver):
         return decode_plain(entries, holds_until)
 
     async def _take(self, count: int) -> list[Any]:
-        backend = self._backend
+        link = self._link
         now = asyncio.get_running_loop().time()
         sweep = now >= self._next_sweep
         if sweep:
@@ -175,21 +187,20 @@ class RedisReceiver(Receiver):
         args = (self._group, self._me, count, self._fprefix, PARK, int(sweep))
         return list(
             await self._nogroup_safe(
-                lambda: backend.script(backend.scripts.take, keys, args, patient=True)
+                lambda: link.script(link.scripts.take, keys, args, patient=True)
             )
         )
 
     async def _nogroup_safe(self, call: Callable[[], Awaitable[Any]]) -> Any:
         try:
             return await call()
-        except BrokerkitError as exc:
-            cause = exc.__cause__
-            if not (isinstance(cause, rex.ResponseError) and "NOGROUP" in str(cause)):
+        except BrokerRefused as exc:
+            if "NOGROUP" not in str(exc):
                 raise
         # the stream or group was deleted behind our back (FLUSHDB, DEL): recreate, retry once
-        backend = self._backend
-        backend.forget_group(self._stream, self._group)
-        await backend.ensure_group(self._stream, self._group)
+        link = self._link
+        link.forget_group(self._stream, self._group)
+        await link.declare_group(self._stream, self._group)
         return await call()
 
     async def _block(self, reply: Sequence[Any], block: float) -> None:
@@ -199,7 +210,7 @@ class RedisReceiver(Receiver):
         if next_due is not None:
             block = min(block, max(float(next_due) - now_ms, 1.0) / 1000)
         cursors = [c or b"0-0" for c in reply[2:5]]
-        await self._backend.command(
+        await self._link.command(
             "XREAD",
             "COUNT",
             1,
@@ -218,20 +229,35 @@ class RedisReceiver(Receiver):
         if now < self._next_trim:
             return
         self._next_trim = now + self._trim_interval
-        backend = self._backend
+        link = self._link
         for stream in (self._stream, self._fstream):
-            await backend.script(backend.scripts.trim, (stream,), (), patient=True)
+            await link.script(link.scripts.trim, (stream,), (), patient=True)
 
     # -- settling ----------------------------------------------------------------------------
 
-    async def ack(self, delivery: Delivery) -> None:
+    def _renewal(self, delivery: Delivery[Receipt]) -> tuple[str, int] | None:
+        """The key of the delivery's renewed lease, if ``extend`` renewed it."""
+        key = (delivery.id, delivery.receipt[1])
+        return key if key in self._renewed else None
+
+    def _settled(self, deliveries: Iterable[Delivery[Receipt]]) -> None:
+        """Forget the renewals of settled deliveries (called only when there are any)."""
+        renewed = self._renewed
+        for d in deliveries:
+            renewed.pop((d.id, d.receipt[1]), None)
+
+    async def ack(self, delivery: Delivery[Receipt]) -> None:
         """Script ACK. Without a fifo_group it is coalesced for up to ``ack_flush_interval``
         (and then sent as a bare ``XACK`` when its lease has time left, see _flush_batch).
 
         Only while the lease surely holds for the whole flush interval: a late ack raises
         LeaseExpired at once, and one close to the deadline is sent synchronously.
         """
-        left = delivery.receipt[2] - _monotonic()
+        receipt = delivery.receipt
+        renewal = self._renewal(delivery) if self._renewed else None
+        if renewal is not None:
+            receipt = (receipt[0], receipt[1], self._renewed[renewal])
+        left = receipt[2] - _monotonic()
         if left <= 0:
             raise _lost(delivery)
         if left > self._coalesce_min_left and delivery.fifo_group is None and not self._closed:
@@ -240,23 +266,28 @@ class RedisReceiver(Receiver):
                 self._ack_ready.set()
                 if self._flusher is None:
                     self._flusher = asyncio.ensure_future(self._flush_loop())
-            acks.append(delivery)
+            acks.append(receipt)
+            if renewal is not None:
+                self._renewed.pop(renewal, None)
             if len(acks) >= _ACK_BACKLOG:
                 await self._flush()  # back-pressure on a caller acking faster than Redis
             return
-        if await self._ack_now([delivery]):
+        fifo = delivery.fifo_group
+        lost = await self._ack_now([(receipt[0], receipt[1], fifo.encode() if fifo else b"")])
+        if renewal is not None:
+            self._renewed.pop(renewal, None)
+        if lost:
             raise _lost(delivery)
 
-    async def _ack_now(self, deliveries: Sequence[Delivery], *, patient: bool = False) -> list[Any]:
-        packed = b"".join(
-            b"%s %d %s\n"
-            % (d.receipt[0], d.receipt[1], d.fifo_group.encode() if d.fifo_group else b"")
-            for d in deliveries
-        )
+    async def _ack_now(
+        self, items: Iterable[tuple[bytes, int, bytes]], *, patient: bool = False
+    ) -> list[Any]:
+        """Script ACK of (entry id, delivery count, fifo_group or b"") each; the lost ids."""
+        packed = b"".join(b"%s %d %s\n" % item for item in items)
         args = (self._group, self._me, self._fprefix, packed)
         keys = (self._stream, self._fstream, self._fdue, self._bell)
-        backend = self._backend
-        lost = await backend.script(backend.scripts.ack, keys, args, patient=patient)
+        link = self._link
+        lost = await link.script(link.scripts.ack, keys, args, patient=patient)
         return list(lost)
 
     async def _flush_loop(self) -> None:
@@ -269,7 +300,7 @@ class RedisReceiver(Receiver):
             self._ack_ready.clear()
             try:
                 await self._flush()
-            except BrokerkitError as exc:
+            except MAPPED as exc:
                 log.warning("brokerkit: coalesced acks not yet recorded, will retry: %s", exc)
                 self._ack_ready.set()  # retry without waiting for the next ack
 
@@ -294,7 +325,7 @@ class RedisReceiver(Receiver):
             if acks:
                 self._ack_ready.set()
 
-    async def _flush_batch(self, batch: Sequence[Delivery]) -> None:
+    async def _flush_batch(self, batch: Sequence[Receipt]) -> None:
         """Record coalesced acks (all without a fifo_group).
 
         While every lease of the batch holds for ``_BARE_ACK_MARGIN`` more: a bare ``XACK``
@@ -302,40 +333,46 @@ class RedisReceiver(Receiver):
         the command beats unless it stalls that long on its way. Otherwise script ACK, which
         checks each lease token (a lost one is not acked: someone else holds it now).
         """
-        if min(d.receipt[2] for d in batch) - _monotonic() > _BARE_ACK_MARGIN:
-            ids = b" ".join([d.receipt[0] for d in batch])
-            backend = self._backend
-            script = backend.scripts.ack_bare
-            await backend.script(script, (self._stream,), (self._group, ids), patient=True)
+        if min(r[2] for r in batch) - _monotonic() > _BARE_ACK_MARGIN:
+            ids = b" ".join([r[0] for r in batch])
+            link = self._link
+            script = link.scripts.ack_bare
+            await link.script(script, (self._stream,), (self._group, ids), patient=True)
         else:
-            await self._ack_now(batch, patient=True)
+            await self._ack_now([(r[0], r[1], b"") for r in batch], patient=True)
 
-    async def nack(self, delivery: Delivery, delay: float) -> None:
+    async def nack(self, delivery: Delivery[Receipt], delay: float) -> None:
         """Script NACK: due again ``delay`` s from now (server clock); a fifo head stays held."""
-        if await self._nack([delivery], delay, uncount=False):
+        lost = await self._nack([delivery], delay, uncount=False)
+        if self._renewed:
+            self._settled([delivery])
+        if lost:
             raise _lost(delivery)
 
-    async def release(self, deliveries: Sequence[Delivery]) -> None:
+    async def release(self, deliveries: Sequence[Delivery[Receipt]]) -> None:
         """Script NACK with delay 0, giving back the delivery count (not an attempt)."""
         if deliveries:
             await self._nack(deliveries, 0.0, uncount=True)
+            if self._renewed:
+                self._settled(deliveries)
 
     async def _nack(
-        self, deliveries: Sequence[Delivery], delay: float, *, uncount: bool
+        self, deliveries: Sequence[Delivery[Receipt]], delay: float, *, uncount: bool
     ) -> list[Any]:
         args: list[Any] = [self._group, self._me, PARK, math.ceil(delay * 1000), int(uncount)]
         for d in deliveries:
             args += (d.receipt[0], d.receipt[1], b"s" if d.fifo_group is None else b"f")
-        backend = self._backend
+        link = self._link
         keys = (self._stream, self._due, self._fstream, self._fdue, self._bell)
-        return list(await backend.script(backend.scripts.nack, keys, args))
+        return list(await link.script(link.scripts.nack, keys, args))
 
-    async def dead_letter(self, delivery: Delivery, envelope: Mapping[str, str]) -> None:
-        """Script DEAD: ``XADD`` the copy to the DLQ stream and ``XACK`` the original, at once."""
+    async def dead_letter(
+        self, delivery: Delivery[Receipt], copy: Outgoing, publish: PublishCopy
+    ) -> None:
+        """Script DEAD: ``XADD`` the copy to the DLQ stream and ``XACK`` the original, in one
+        atomic step (so ``publish``, the seam's copy-then-ack path, is not used)."""
         entry_id, count, _ = delivery.receipt
-        fields = encode_entry(
-            delivery.body, delivery.fifo_group, None, {**delivery.headers, **envelope}
-        )
+        fields = encode_entry(copy.body, copy.fifo_group, None, copy.headers)
         args = [
             self._group,
             self._me,
@@ -345,25 +382,33 @@ class RedisReceiver(Receiver):
             delivery.fifo_group or "",
             *fields,
         ]
-        backend = self._backend
+        link = self._link
         fifo = delivery.fifo_group is not None
-        dlq = Keys.fifo(self._dlq) if fifo else self._dlq
+        dlq = Keys.fifo(self._dlq) if copy.fifo_group is not None else self._dlq
         keys = (self._fstream if fifo else self._stream, self._fdue, self._bell, dlq)
-        if not await backend.script(backend.scripts.dead, keys, args):
+        moved = await link.script(link.scripts.dead, keys, args)
+        if self._renewed:
+            self._settled([delivery])
+        if not moved:
             raise _lost(delivery)
 
-    async def extend(self, delivery: Delivery, ack_timeout: float) -> None:
+    async def extend(self, delivery: Delivery[Receipt], ack_timeout: float) -> None:
         """Script EXTEND: ``XCLAIM … JUSTID`` to ourselves restarts the lease, which lasts
         this receiver's ``ack_timeout`` (the one in its consumer name; the facade always
         passes that same value)."""
         entry_id, count, _ = delivery.receipt
         args = (self._group, self._me, entry_id, count)
-        backend = self._backend
+        link = self._link
         holds_until = _monotonic() + self._lease_ms / 1000
         stream = self._stream if delivery.fifo_group is None else self._fstream
-        if not await backend.script(backend.scripts.extend, (stream,), args):
+        if not await link.script(link.scripts.extend, (stream,), args):
             raise _lost(delivery)
-        delivery.receipt = (entry_id, count, holds_until)
+        renewed = self._renewed
+        renewed[(delivery.id, count)] = holds_until
+        if len(renewed) > self._prune_at:  # renewals of deliveries whose lease ran out
+            now = _monotonic()
+            self._renewed = {k: v for k, v in renewed.items() if v > now}
+            self._prune_at = max(_PRUNE_AT, 2 * len(self._renewed))
 
     async def aclose(self) -> None:
         """Flush coalesced acks, then drop the consumer name if it holds nothing. Idempotent."""
@@ -376,14 +421,12 @@ class RedisReceiver(Receiver):
             await asyncio.gather(flusher, return_exceptions=True)
         try:
             await self._flush()
-        except BrokerkitError as exc:
+        except MAPPED as exc:
             # unrecorded acks only mean redelivery (at-least-once), never loss
             log.warning("brokerkit: %d acks not recorded at close: %s", len(self._acks), exc)
-        backend = self._backend
+        link = self._link
         try:
             for stream in (self._stream, self._fstream):
-                await backend.script(
-                    backend.scripts.forget_consumer, (stream,), (self._group, self._me)
-                )
-        except BrokerkitError:
+                await link.script(link.scripts.forget_consumer, (stream,), (self._group, self._me))
+        except MAPPED:
             pass

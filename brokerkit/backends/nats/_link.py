@@ -1,0 +1,84 @@
+"""NatsLink: the connection that the backend and its receivers share (neither owns the other).
+
+The backend connects it (``open``) and closes it; a receiver gets it handed in and uses
+the client, the options, what the server told at connect time, the error tables, and
+the registry of open receivers (which the backend closes on ``aclose``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from brokerkit.backends import ErrorMap, HostPort, Receiver, ResourceClosed
+from brokerkit.backends.nats._errors import error_map
+from brokerkit.backends.nats._options import NatsOptions
+
+__all__ = ["NatsLink"]
+
+
+class NatsLink:
+    """One NATS connection (ours or the user's) and what the server said about itself."""
+
+    __slots__ = (
+        "_errors",
+        "_hosts",
+        "body_limit",
+        "drain_pulls",
+        "js_context",
+        "nc",
+        "options",
+        "receivers",
+        "server_version",
+    )
+
+    def __init__(
+        self, options: NatsOptions, hosts: Sequence[HostPort], client: NATS | None
+    ) -> None:
+        self.options = options
+        self._hosts = tuple(hosts)
+        self.nc: NATS | None = client
+        self.js_context: JetStreamContext | None = None
+        self.server_version: tuple[int, int, int] | None = None
+        self.drain_pulls = False
+        """Server before 2.10: never drop an inbox with pull requests outstanding (see receiver)."""
+        self.body_limit: int | None = None
+        """Largest body this server takes, when it is below ``max_message_bytes`` (else None)."""
+        self.receivers: set[Receiver[Any]] = set()
+        self._errors: dict[str, ErrorMap] = {}
+
+    @property
+    def hosts(self) -> tuple[HostPort, ...]:
+        return self._hosts
+
+    @hosts.setter
+    def hosts(self, hosts: Sequence[HostPort]) -> None:
+        self._hosts = tuple(hosts)
+        self._errors.clear()  # their texts name the servers
+
+    def where(self) -> str:
+        return ", ".join(str(h) for h in self._hosts) or "the NATS server"
+
+    def errors(self, what: str) -> ErrorMap:
+        """The error table for operation ``what`` (made once per operation name)."""
+        table = self._errors.get(what)
+        if table is None:
+            table = self._errors[what] = error_map(what, self._hosts)
+        return table
+
+    @property
+    def client(self) -> NATS:
+        """The connection; ResourceClosed when it is not open."""
+        if self.nc is None:
+            raise ResourceClosed("the NATS backend is not open")
+        return self.nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        """The JetStream context; ResourceClosed when the connection is not open."""
+        if self.js_context is None or self.nc is None:
+            raise ResourceClosed("the NATS backend is not open")
+        return self.js_context

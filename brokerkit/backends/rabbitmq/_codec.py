@@ -1,0 +1,139 @@
+"""Messages on the wire: brokerkit's Outgoing -> AMQP properties, a delivery -> its fields.
+
+* body -> the AMQP body, byte-exact; ``delivery_mode=2`` (persistent);
+* id -> ``message_id`` (a process-unique token made here; publish returns it);
+* user headers -> the AMQP ``headers`` table, as long strings;
+* fifo_group -> ``FIFO_GROUP_HEADER``; dedup_id -> ``DEDUP_ID_HEADER``, and the
+  publisher's clock and window -> ``DEDUP_STAMP_HEADER`` (``<published_ms>:<until_ms>``);
+* attempt <- 1 + ``x-delivery-count``, the quorum queue's count of earlier failed
+  deliveries: up to 4.2 every return (reject, nack, a channel or connection closing);
+  from 4.3 ``basic.reject`` and a consumer gone with the message unacked, not
+  ``basic.nack`` (which the receiver uses only for deliveries nobody saw).
+
+Headers RabbitMQ sets itself are not the user's and are dropped on the way in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pamqp.commands import Basic
+
+from brokerkit.backends import (
+    DEDUP_ID_HEADER,
+    FIFO_GROUP_HEADER,
+    HEADER_PREFIX,
+    NO_HEADERS,
+    Outgoing,
+)
+
+__all__ = [
+    "DEDUP_STAMP_HEADER",
+    "Incoming",
+    "new_id",
+    "parse",
+    "properties",
+]
+
+DEDUP_STAMP_HEADER = HEADER_PREFIX + "dedup-stamp"
+"""``<published epoch ms>:<dedup window end, epoch ms>`` on messages with a dedup_id."""
+
+_BROKER_HEADERS = frozenset(
+    {
+        "x-delivery-count",
+        "x-acquired-count",
+        "x-death",
+        "x-first-death-exchange",
+        "x-first-death-queue",
+        "x-first-death-reason",
+        "x-last-death-exchange",
+        "x-last-death-queue",
+        "x-last-death-reason",
+        "x-stream-offset",
+    }
+)
+_OURS = frozenset({FIFO_GROUP_HEADER, DEDUP_ID_HEADER, DEDUP_STAMP_HEADER})
+_DROP = _BROKER_HEADERS | _OURS
+
+_process = os.urandom(6).hex()
+_serial = itertools.count(1)
+
+
+def new_id() -> str:
+    """A message id unique across processes: 48 random bits per process, then a counter."""
+    return f"{_process}-{next(_serial):x}"
+
+
+def properties(message: Outgoing, message_id: str, dedup_window_ms: int) -> Basic.Properties:
+    """The AMQP properties of one outgoing message (persistent, with our id)."""
+    headers: dict[str, Any] | None = dict(message.headers) if message.headers else None
+    if message.fifo_group is not None:
+        headers = headers if headers is not None else {}
+        headers[FIFO_GROUP_HEADER] = message.fifo_group
+    if message.dedup_id is not None:
+        headers = headers if headers is not None else {}
+        now_ms = int(time.time() * 1000)
+        headers[DEDUP_ID_HEADER] = message.dedup_id
+        headers[DEDUP_STAMP_HEADER] = f"{now_ms}:{now_ms + dedup_window_ms}"
+    return Basic.Properties(delivery_mode=2, message_id=message_id, headers=headers)
+
+
+class Incoming:
+    """What brokerkit reads from one AMQP delivery."""
+
+    __slots__ = ("attempt", "dedup_id", "fifo_group", "headers", "id", "stamp")
+
+    def __init__(
+        self,
+        id: str,
+        headers: Mapping[str, str],
+        fifo_group: str | None,
+        dedup_id: str | None,
+        stamp: tuple[int, int] | None,
+        attempt: int,
+    ) -> None:
+        self.id = id
+        self.headers = headers
+        self.fifo_group = fifo_group
+        self.dedup_id = dedup_id
+        self.stamp = stamp
+        self.attempt = attempt
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def parse(props: Basic.Properties, fallback_id: str) -> Incoming:
+    """Read id, user headers, group, dedup id and attempt from a delivery's properties."""
+    raw = props.headers
+    message_id = props.message_id or fallback_id
+    if not raw:
+        return Incoming(message_id, NO_HEADERS, None, None, None, 1)
+    earlier = raw.get("x-delivery-count")
+    attempt = 1 + int(earlier) if isinstance(earlier, int) else 1
+    group = raw.get(FIFO_GROUP_HEADER)
+    dedup = raw.get(DEDUP_ID_HEADER)
+    stamp: tuple[int, int] | None = None
+    if dedup is not None:
+        text = _text(raw.get(DEDUP_STAMP_HEADER, ""))
+        published, _, until = text.partition(":")
+        if published.isdigit() and until.isdigit():
+            stamp = (int(published), int(until))
+    user: Mapping[str, str] = {k: _text(v) for k, v in raw.items() if k not in _DROP} or NO_HEADERS
+    return Incoming(
+        message_id,
+        user,
+        None if group is None else _text(group),
+        None if dedup is None else _text(dedup),
+        stamp,
+        attempt,
+    )

@@ -1,0 +1,96 @@
+"""What a receiver holds: the RabbitMQ queues it consumes, each delivery, each lease."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from brokerkit.backends.rabbitmq._codec import Incoming
+
+__all__ = [
+    "DELAYED",
+    "GONE",
+    "LEASED",
+    "READY",
+    "RETURNING",
+    "Held",
+    "Lease",
+    "Source",
+    "size",
+]
+
+READY, LEASED, DELAYED, RETURNING, GONE = range(5)
+"""READY: deliverable (a grouped one only as its group's head); LEASED: handed out;
+DELAYED: nacked, kept unacked here until due; RETURNING: ``basic.reject`` sent, the copy
+not back yet; GONE: acked or given back."""
+
+
+@dataclass(eq=False, slots=True)
+class Source:
+    """One RabbitMQ queue a receiver consumes."""
+
+    name: str
+    ordered: bool
+    """A single-active-consumer partition: its groups are gated and held here."""
+    prefetch: int = 0
+    """``basic.qos`` of this queue's consumer (set when consuming starts)."""
+    consumer_tag: str | None = None
+    staging: deque[Held] = field(default_factory=deque)
+    """Deliveries waiting for a dedup verdict (and whatever arrived behind them)."""
+
+
+class Held:
+    """One delivery, unacked on the receiver's channel."""
+
+    __slots__ = (
+        "body",
+        "deadline",
+        "generation",
+        "group",
+        "incoming",
+        "seen",
+        "source",
+        "state",
+        "tag",
+        "token",
+    )
+
+    def __init__(
+        self, source: Source, tag: int, generation: int, incoming: Incoming, body: bytes
+    ) -> None:
+        self.source = source
+        self.tag = tag
+        self.generation = generation
+        self.incoming = incoming
+        self.body = body
+        self.group = incoming.fifo_group if source.ordered else None
+        self.state = READY
+        self.token = 0
+        self.deadline = 0.0
+        self.seen = False
+        """Handed out at least once: giving it back is a failed attempt (reject)."""
+
+
+class Lease:
+    """A delivery's receipt: the held delivery and the token of this lease."""
+
+    __slots__ = ("held", "token")
+
+    def __init__(self, held: Held, token: int) -> None:
+        self.held = held
+        self.token = token
+
+
+def size(sources: Sequence[Source], ahead: int, held: int) -> None:
+    """Set each source's ``basic.qos``: what may be fetched ahead (``ahead``: ``?prefetch=``
+    or the consumer's prefetch) plus what the caller may hold unsettled (``held``:
+    ``?max_held=``), RabbitMQ counting every unacked delivery; each partition gets a share
+    of both, at least 1."""
+    ahead = max(1, ahead)
+    ordered = sum(1 for s in sources if s.ordered) or 1
+    for source in sources:
+        if source.ordered:
+            source.prefetch = -(-ahead // ordered) + -(-held // ordered)
+        else:
+            source.prefetch = ahead + held

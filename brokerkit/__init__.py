@@ -12,7 +12,9 @@ The behaviour is the contract in CONTRACT.md, proven per backend by
 ``brokerkit check URL``. Importing brokerkit imports no broker client library.
 """
 
+from brokerkit._app import App
 from brokerkit._broker import Broker, connect, from_backend
+from brokerkit._codec import Codec, JsonCodec
 from brokerkit._consumer import Consumer, Message
 from brokerkit._errors import (
     AlreadySettled,
@@ -35,6 +37,9 @@ from brokerkit._message import (
     PublishResult,
     QueueStats,
 )
+from brokerkit._middleware import Middleware, Outcome, Route
+from brokerkit._policy import Reject, RetryPolicy
+from brokerkit._sync import SyncBroker
 from brokerkit._url import BrokerURL
 from brokerkit.backends.base import Capabilities
 
@@ -42,6 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AlreadySettled",
+    "App",
     "Broker",
     "BrokerRefused",
     "BrokerURL",
@@ -49,19 +55,27 @@ __all__ = [
     "BrokerkitError",
     "BrowsedMessage",
     "Capabilities",
+    "Codec",
     "ConfigError",
     "Consumer",
     "DeadLetterInfo",
     "InvalidArgument",
     "InvalidMessage",
     "InvalidName",
+    "JsonCodec",
     "LeaseExpired",
     "Message",
     "MessageTooLarge",
+    "Middleware",
+    "Outcome",
     "Outgoing",
     "PublishResult",
     "QueueStats",
+    "Reject",
     "ResourceClosed",
+    "RetryPolicy",
+    "Route",
+    "SyncBroker",
     "UnsupportedFeature",
     "__version__",
     "connect",

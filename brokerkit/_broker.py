@@ -7,13 +7,13 @@ from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 
 from brokerkit._coalesce import PublishCoalescer
-from brokerkit._consumer import Consumer, ConsumerLink, check_consumer_args
+from brokerkit._consumer import Consumer, ConsumerLink
 from brokerkit._dlq import split_envelope
 from brokerkit._errors import InvalidArgument, ResourceClosed, UnsupportedFeature
 from brokerkit._message import BrowsedMessage, Outgoing, PublishResult, QueueStats
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
-from brokerkit._validate import check_int, check_name, check_outgoing
+from brokerkit._validate import check_consumer_args, check_int, check_name, check_outgoing
 from brokerkit.backends.base import Backend, Capabilities, QueueRef, ReceiverSettings
 
 DEFAULT_GROUP = "default"
@@ -21,6 +21,9 @@ DEAD_LETTER_GROUP = "dead-letters"
 """The consumer group of ``dead_letters()`` and ``redrive()``: they share one view of the DLQ."""
 
 _REDRIVE_LEASE = 60.0
+
+MIN_DEFAULT_IN_FLIGHT = 100
+"""The default ``max_in_flight`` is ``max(prefetch, MIN_DEFAULT_IN_FLIGHT)``."""
 
 
 def connect(url: str | BrokerURL) -> Broker:
@@ -164,6 +167,7 @@ class Broker:
         ack_timeout: float = 30.0,
         prefetch: int = 32,
         close_timeout: float = 10.0,
+        max_in_flight: int | None = None,
     ) -> Consumer:
         """A consumer of ``queue`` in consumer group ``group``: ``async with`` it, iterate it.
 
@@ -171,11 +175,20 @@ class Broker:
         you; with ``prefetch >= 2`` the consumer reads ahead, fetching more once half of
         them are handed out, so the next batch is on its way while you work. With
         ``prefetch=1`` a message is fetched only when you ask for it.
+
+        ``max_in_flight`` bounds the messages handed to you and not yet settled: the
+        iterator waits (it does not raise) while that many are unsettled, so one task per
+        message never holds more than that many leases. The default,
+        ``max(prefetch, 100)``, leaves a sequential loop unchanged and lets a caller
+        gather up to ``prefetch`` messages before settling them (batch inserts); a loop
+        that holds ``max_in_flight`` messages and waits for one more before settling any
+        waits for good. A held message whose lease ran out stops counting.
         Raises InvalidName or InvalidArgument before any I/O.
         """
         return self._consumer(
-            QueueRef(queue), group, max_attempts, ack_timeout, prefetch, close_timeout
-        )
+            QueueRef(queue), group, max_attempts, ack_timeout, prefetch, close_timeout,
+            max_in_flight,
+        )  # fmt: skip
 
     def dead_letters(
         self,
@@ -185,11 +198,13 @@ class Broker:
         ack_timeout: float = 30.0,
         prefetch: int = 32,
         close_timeout: float = 10.0,
+        max_in_flight: int | None = None,
     ) -> Consumer:
         """A consumer over ``queue``'s DLQ; each message has ``dead_letter_info``."""
         return self._consumer(
-            QueueRef(queue).dlq, group, 2**31 - 1, ack_timeout, prefetch, close_timeout
-        )
+            QueueRef(queue).dlq, group, 2**31 - 1, ack_timeout, prefetch, close_timeout,
+            max_in_flight,
+        )  # fmt: skip
 
     def _consumer(
         self,
@@ -199,12 +214,17 @@ class Broker:
         ack_timeout: float,
         prefetch: int,
         close_timeout: float,
+        max_in_flight: int | None,
     ) -> Consumer:
         check_name("queue", queue.name)
         check_name("consumer group", group)
         attempts, timeout, fetch, close = check_consumer_args(
             max_attempts, ack_timeout, prefetch, close_timeout
         )
+        if max_in_flight is None:
+            in_flight = max(fetch, MIN_DEFAULT_IN_FLIGHT)
+        else:
+            in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
         if self._closed:
             raise ResourceClosed(f"{self!r} is closed")
         consumer = Consumer(
@@ -215,6 +235,7 @@ class Broker:
             ack_timeout=timeout,
             prefetch=fetch,
             close_timeout=close,
+            max_in_flight=in_flight,
         )
         self._consumers.add(consumer)
         return consumer

@@ -217,8 +217,9 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
 
 def _add_operator_commands() -> None:
     from brokerkit._ops_cli import COMMANDS
+    from brokerkit._run_cli import run
 
-    for command in COMMANDS:
+    for command in (*COMMANDS, run):
         main.add_command(command)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from brokerkit._alone import LastAttempt
+from brokerkit import _alone
 from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
@@ -143,7 +143,6 @@ class Message:
             await self._settle(lambda d: self._consumer.move_to_dlq(d, REASON_MAX_ATTEMPTS))
         else:
             await self._settle(lambda d: self._receiver.nack(d, seconds))
-            self._consumer.alone.nacked(self.id, self.attempt)
 
     async def dead_letter(self, reason: str) -> None:
         """Move to the queue's DLQ now, whatever the attempt count."""
@@ -220,11 +219,11 @@ class _DeadLetterMessage(Message):
 class Consumer:
     """Reads one queue (or its DLQ) for one consumer group; an async iterator of Messages.
 
-    The iterator keeps yielding while earlier messages are unsettled, so
-    messages may be handled concurrently; it reads ahead (see ``Broker.consumer``'s
-    ``prefetch``). Cancelling a pending ``__anext__``
-    loses nothing. ``aclose`` stops fetching, waits up to ``close_timeout`` for
-    held messages to be settled, then gives every unsettled one back.
+    The iterator keeps yielding while earlier messages are unsettled, up to
+    ``max_in_flight`` of them, so messages may be handled concurrently; it reads ahead
+    (see ``Broker.consumer``'s ``prefetch``). Cancelling a pending ``__anext__`` loses
+    nothing. ``aclose`` stops fetching, waits up to ``close_timeout`` for held messages
+    to be settled, then gives every unsettled one back.
     """
 
     def __init__(
@@ -237,6 +236,7 @@ class Consumer:
         ack_timeout: float,
         prefetch: int,
         close_timeout: float,
+        max_in_flight: int,
     ) -> None:
         self._link = link
         self.ref = queue
@@ -247,6 +247,7 @@ class Consumer:
         self.ack_timeout = ack_timeout
         self.prefetch = prefetch
         self.close_timeout = close_timeout
+        self.max_in_flight = max_in_flight
         dead_letters = self.dead_letters = queue.dead_letters
         self._backend: Backend | None = None
         self._receiver: Receiver[Any] | None = None
@@ -262,8 +263,9 @@ class Consumer:
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
         self._held: set[Message] = set()  # handed out, not yet settled
+        self._slot: asyncio.Future[None] | None = None  # made while the iterator waits for one
+        self._next_sweep = 0.0
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
-        self.alone = LastAttempt()  # a redelivered message's last attempt goes alone
         self._fetch: asyncio.Task[list[Delivery[Any]]] | None = None
         self._closing = False
         self._closed: asyncio.Future[None] | None = None
@@ -289,7 +291,7 @@ class Consumer:
         async with self._open_lock:
             if self._receiver is None:
                 backend = await self._link.opened_backend()
-                settings = ReceiverSettings(ack_timeout=self.ack_timeout)
+                settings = ReceiverSettings(self.ack_timeout, self.prefetch + self.max_in_flight)
                 self._receiver = await backend.subscribe(self.ref, self.group, settings)
                 self._backend = backend
 
@@ -303,11 +305,14 @@ class Consumer:
         if receiver is None:
             await self.open()
             receiver = self._live_receiver()
-        if self.alone.held is not None:
-            await self.alone.until_settled()
         while True:
             # state is re-read after every await: close (or another iterating task) may
             # have moved it meanwhile
+            if len(self._held) >= self.max_in_flight or _alone.blocks(self):
+                await self._wait_for_slot()
+                if self._closing:
+                    raise StopAsyncIteration
+                continue
             pos = self._batch_pos
             batch = self._batch
             if pos < len(batch):
@@ -329,23 +334,11 @@ class Consumer:
                 deadline = self._batch_deadline
                 if _now() > deadline:
                     continue  # the lease ran out while buffered: the broker redelivers it
-                if delivery.attempt > self.max_attempts and not self.dead_letters:
-                    # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
-                    await self.move_to_dlq(
-                        delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
-                    )
-                    continue
-                alone = self.alone
-                if alone.suspect(delivery, self):
-                    if alone.defer(delivery, deadline, self):
-                        continue
-                    await alone.isolate(delivery, deadline, receiver, self)
-                    if _now() > deadline:
+                if delivery.attempt >= self.max_attempts and not self.dead_letters:
+                    if not await _alone.last_attempt(delivery, deadline, self):  # or the DLQ
                         continue
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
-                if alone.pending is delivery:
-                    alone.hand_out(message)
                 return message
             if self._buffer:
                 self._batch_deadline, self._batch = self._buffer.popleft()
@@ -394,9 +387,28 @@ class Consumer:
     def settled(self, message: Message) -> None:
         """A held message was settled (or its lease lost): it is no longer held."""
         self._held.discard(message)
-        self.alone.settled()
+        if self._slot is not None:
+            self._wake_slot()
         if self._drained is not None and not self._held:
             self._drained.set()
+
+    async def _wait_for_slot(self) -> None:
+        """Wait while ``max_in_flight`` handed-out messages are unsettled, or until close."""
+        now = _now()
+        if now >= self._next_sweep:  # at most once a _POLL_WAIT: held ones whose lease ran
+            # out stop counting (redelivered anyway; a dropped message must not stall us)
+            self._next_sweep = now + _POLL_WAIT
+            self._held.difference_update([m for m in self._held if m._deadline < now])
+            if len(self._held) < self.max_in_flight:
+                return
+        if self._slot is None:
+            self._slot = asyncio.get_running_loop().create_future()
+        await asyncio.wait((self._slot,), timeout=_POLL_WAIT)  # never cancels the shared future
+
+    def _wake_slot(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:  # never done while it is self._slot: only this resolves it
+            slot.set_result(None)
 
     def _live_receiver(self) -> Receiver[Any]:
         if self._receiver is None:
@@ -435,6 +447,7 @@ class Consumer:
             await asyncio.shield(self._closed)
             return
         self._closing = True
+        self._wake_slot()
         self._closed = asyncio.get_running_loop().create_future()
         try:
             await self._shutdown()
@@ -482,18 +495,4 @@ class Consumer:
             await receiver.aclose()
 
 
-def check_consumer_args(
-    max_attempts: object, ack_timeout: object, prefetch: object, close_timeout: object
-) -> tuple[int, float, int, float]:
-    """Validate consumer arguments before any I/O."""
-    from brokerkit._validate import check_int
-
-    attempts = check_int("max_attempts", max_attempts, minimum=1)
-    timeout = check_seconds("ack_timeout", ack_timeout, positive=True)
-    fetch = check_int("prefetch", prefetch, minimum=1)
-    close = check_seconds("close_timeout", close_timeout)
-    assert timeout is not None and close is not None
-    return attempts, timeout, fetch, close
-
-
-__all__ = ["Consumer", "ConsumerLink", "Message", "check_consumer_args"]
+__all__ = ["Consumer", "ConsumerLink", "Message"]

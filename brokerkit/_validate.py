@@ -120,3 +120,15 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgument(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def check_consumer_args(
+    max_attempts: object, ack_timeout: object, prefetch: object, close_timeout: object
+) -> tuple[int, float, int, float]:
+    """Validate consumer arguments before any I/O."""
+    attempts = check_int("max_attempts", max_attempts, minimum=1)
+    timeout = check_seconds("ack_timeout", ack_timeout, positive=True)
+    fetch = check_int("prefetch", prefetch, minimum=1)
+    close = check_seconds("close_timeout", close_timeout)
+    assert timeout is not None and close is not None
+    return attempts, timeout, fetch, close

@@ -139,6 +139,11 @@ class ReceiverSettings:
 
     ack_timeout: float
     """Lease length in seconds; unsettled longer than this means redelivery."""
+    max_unsettled: int | None = None
+    """Most deliveries the consumer holds unsettled at once: fetched ahead (its prefetch)
+    plus handed out (its max_in_flight); None when unknown. A backend whose broker caps
+    unacknowledged deliveries (a ``basic.qos``, a ``max_ack_pending``) must allow this
+    many, or the iterator stalls below the caller's max_in_flight."""
 
 
 class Receiver(ABC, Generic[R]):

@@ -16,9 +16,10 @@ a throwaway ``redis-server --requirepass`` with an ACL user; throwaway
 ``nats-server`` processes with a user/password and with a token (the shared NATS
 server ignores credentials, so it is used only when no ``nats-server`` binary is
 found: then the NATS cases check the output only); the shared Kafka (no SASL
-listener: the SASL case must fail cleanly). ``amqp://`` and ``sqs://`` URLs are
-``ConfigError`` until their backends land; once one does, its cases check the
-output only until someone gives them a live expectation.
+listener: the SASL case must fail cleanly). ``amqp://`` with a password the shared
+RabbitMQ does not know: the commands must fail cleanly, the objects and errors are
+looked at offline. ``sqs://`` takes no credentials in the URL (they come from the AWS
+chain): both SQS forms must be a ``ConfigError`` that does not echo the secret.
 
 All subprocesses run concurrently (one fixture), so the file takes about as long
 as its slowest case (a Kafka connect that gives up, ~15 s).
@@ -329,7 +330,8 @@ ROWS = [
         "offline",  # no SASL listener here: objects and errors only
     ),
     Row("kafka-sasl-password-param", "kafka://127.0.0.1:{kafka}?sasl_password={secret}", "config"),
-    Row("amqp-user-password", "amqp://{user}:{secret}@127.0.0.1:{amqp}/", "config"),
+    # the shared RabbitMQ knows only guest: objects, errors and the closed port, no login
+    Row("amqp-user-password", "amqp://{user}:{secret}@127.0.0.1:{amqp}/", "offline"),
     Row("sqs-userinfo", "sqs://AKIAEXAMPLE:{secret}@?endpoint=http://127.0.0.1:{sqs}", "config"),
     Row("sqs-secret-param", "sqs://?endpoint=http://x:1&aws_secret_access_key={secret}", "config"),
 ]

@@ -11,11 +11,12 @@ import pytest
 import brokerkit
 
 PINNED = {
-    "memory://": (4 * 1024 * 1024, 300.0, True, True, 0.0),
-    "redis://127.0.0.1:6379/0": (1024 * 1024, 300.0, True, True, 0.05),
-    "kafka://127.0.0.1:9092": (900 * 1024, 300.0, True, True, 0.1),
-    "nats://127.0.0.1:4222": (960 * 1024, 300.0, True, True, 0.1),
-    "amqp://guest:guest@127.0.0.1:5672/": (16 * 1024 * 1024, 300.0, True, False, 0.01),
+    "memory://": (4 * 1024 * 1024, 300.0, True, True, 0.0, True),
+    "redis://127.0.0.1:6379/0": (1024 * 1024, 300.0, True, True, 0.05, True),
+    "kafka://127.0.0.1:9092": (900 * 1024, 300.0, True, True, 0.1, True),
+    "nats://127.0.0.1:4222": (960 * 1024, 300.0, True, True, 0.1, True),
+    # RabbitMQ: no side-effect-free read of a quorum queue, so no browse
+    "amqp://guest:guest@127.0.0.1:5672/": (16 * 1024 * 1024, 300.0, True, False, 0.01, False),
 }
 
 
@@ -37,6 +38,7 @@ def test_capabilities_are_pinned(url: str) -> None:
         caps.dedup_window_configurable,
         caps.fan_out,
         caps.ack_flush_interval,
+        caps.browse,
     )
     assert got == PINNED[url]
     # what the contract demands of every backend

@@ -24,12 +24,12 @@ from brokerkit.backends.memory import MemoryBackend
 def test_public_api_is_pinned() -> None:
     assert brokerkit.__all__ == sorted(brokerkit.__all__, key=str)
     assert set(brokerkit.__all__) == {
-        "AlreadySettled", "Broker", "BrokerRefused", "BrokerURL", "BrowsedMessage",
-        "BrokerUnavailable", "BrokerkitError",
-        "Capabilities", "ConfigError", "Consumer", "DeadLetterInfo", "InvalidArgument",
-        "InvalidMessage", "InvalidName", "LeaseExpired", "Message", "MessageTooLarge",
-        "Outgoing", "PublishResult", "QueueStats", "ResourceClosed", "UnsupportedFeature",
-        "__version__",
+        "AlreadySettled", "App", "Broker", "BrokerRefused", "BrokerURL", "BrokerUnavailable",
+        "BrokerkitError", "BrowsedMessage", "Capabilities", "Codec", "ConfigError", "Consumer",
+        "DeadLetterInfo", "InvalidArgument", "InvalidMessage", "InvalidName", "JsonCodec",
+        "LeaseExpired", "Message", "MessageTooLarge", "Middleware", "Outcome", "Outgoing",
+        "PublishResult", "QueueStats", "Reject", "ResourceClosed", "RetryPolicy", "Route",
+        "SyncBroker", "UnsupportedFeature", "__version__",
         "connect", "from_backend",
     }  # fmt: skip
 
@@ -38,7 +38,8 @@ def test_import_brokerkit_imports_no_driver() -> None:
     code = (
         "import sys, brokerkit; "
         "bad = [m for m in sys.modules if m.split('.')[0] in "
-        "('redis', 'nats', 'confluent_kafka', 'aio_pika', 'aiormq', 'boto3', 'botocore')]; "
+        "('redis', 'nats', 'confluent_kafka', 'aio_pika', 'aiormq', 'boto3', 'botocore', "
+        "'prometheus_client', 'opentelemetry')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -4,7 +4,10 @@ Every import counts: module level, inside functions, under ``TYPE_CHECKING``. Th
 top to bottom (each may import only from layers below it, and from itself):
 
 * tools: ``_cli``, ``_check``, ``_demo``, ``_bench`` (the ``brokerkit`` command);
-* facade: ``brokerkit`` itself, ``_broker``, ``_consumer``, ``_registry``;
+* service: ``brokerkit`` itself, the App and what is built on it (``_app``, ``_worker``,
+  ``_runner``, ``_policy``, ``_middleware``, ``metrics``, ``tracing``, ``testing``,
+  ``_sync``): users of the facade, like any application, and never of a backend;
+* facade: ``_broker``, ``_consumer``, ``_registry``;
 * backends: ``brokerkit.backends.<name>`` (each imports the toolkit ``brokerkit.backends``
   and its own package, nothing else of brokerkit: what a third party can do, a built-in
   does the same way);
@@ -28,10 +31,16 @@ TOOLS = {
     "brokerkit._demo",
     "brokerkit._bench",
     "brokerkit._ops_cli",
+    "brokerkit._run_cli",
     "brokerkit._guard",
     "brokerkit.__main__",
 }
-FACADE = {"brokerkit", "brokerkit._broker", "brokerkit._consumer", "brokerkit._registry"}
+SERVICE = {"brokerkit"} | {
+    f"brokerkit.{m}"
+    for m in ("_app", "_worker", "_runner", "_policy", "_middleware", "metrics", "tracing",
+              "testing", "_sync")
+}  # fmt: skip
+FACADE = {"brokerkit._broker", "brokerkit._consumer", "brokerkit._registry"}
 TOOLKIT = {"brokerkit.backends", "brokerkit.backends.base"}
 
 
@@ -75,6 +84,8 @@ GRAPH = {name: imports_of(name) for name in MODULES}
 
 def layer(name: str) -> int:
     if name in TOOLS:
+        return 4
+    if name in SERVICE:
         return 3
     if name in FACADE:
         return 2
@@ -144,6 +155,17 @@ def test_backends_use_only_the_public_toolkit() -> None:
             if target in TOOLKIT or target == own or target.startswith(own + "."):
                 continue
             wrong.append(f"{name} -> {target}")
+    assert wrong == []
+
+
+def test_the_service_layer_reaches_no_backend() -> None:
+    # the App works on every backend because it only ever talks to the facade
+    wrong = [
+        f"{name} -> {target}"
+        for name in SERVICE
+        for target in GRAPH.get(name, set())
+        if layer(target) == 1  # a backend package (the toolkit's types are fine)
+    ]
     assert wrong == []
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import threading
 import time
@@ -36,15 +37,18 @@ from brokerkit.backends import (
     BrokerURL,
     Capabilities,
     ConfigError,
+    Delivery,
     HostPort,
     Outgoing,
     PublishResult,
     QueueRef,
+    QueueStats,
     ReceiverSettings,
     ResourceClosed,
     retry_unavailable,
 )
 from brokerkit.backends.kafka._errors import is_transient
+from brokerkit.backends.kafka._inspect import browse_topic, stats_topic
 from brokerkit.backends.kafka._link import KafkaLink
 from brokerkit.backends.kafka._options import (
     KafkaOptions,
@@ -90,6 +94,7 @@ class KafkaBackend(Backend):
             fan_out=True,
             redelivery_slack=2.5,
             ack_flush_interval=0.1,
+            browse=True,
             extras={"partitions": options.partitions, "topic_prefix": options.topic_prefix},
         )
         self._admin: AdminClient | None = None
@@ -211,6 +216,30 @@ class KafkaBackend(Backend):
         if meta is None or meta.error is not None or not meta.partitions:
             return False
         return all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+
+    # -- operations ---------------------------------------------------------------------------
+
+    async def browse(self, queue: QueueRef, limit: int) -> list[Delivery[None]]:
+        """A group-less consumer ``assign()``s the partitions at the lowest committed offset
+        of the queue's groups and reads to the high watermark, skipping what every group
+        settled; merged by (timestamp, partition, offset). See ``_inspect``."""
+        window = None if queue.dead_letters else self.options.dedup_window
+        topic = self.link.topic(queue)
+        admin = self._live_admin()
+        return await asyncio.to_thread(browse_topic, self.link, admin, topic, limit, window)
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        """Watermarks and the group's committed offset and metadata; the oldest age from
+        the first unsettled record's timestamp. See ``_inspect``."""
+        link, admin = self.link, self._live_admin()
+        topic = link.topic(queue)
+        group_id = link.group_id(queue, group) if group is not None else None
+        figures = await asyncio.to_thread(stats_topic, link, admin, topic, group_id)
+        oldest = await self.browse(queue, 1)
+        if not oldest:
+            return figures
+        age = max(0.0, time.time() - oldest[0].extras["timestamp"] / 1000)
+        return dataclasses.replace(figures, oldest_age=age)
 
     # -- lifecycle ----------------------------------------------------------------------------
 

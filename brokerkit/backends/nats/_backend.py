@@ -33,16 +33,19 @@ from brokerkit.backends import (
     BrokerURL,
     Capabilities,
     ConfigError,
+    Delivery,
     HostPort,
     MessageTooLarge,
     Outgoing,
     PublishResult,
     QueueRef,
+    QueueStats,
     ReceiverSettings,
     parse_options,
     retry_unavailable,
 )
 from brokerkit.backends.nats._errors import is_transient
+from brokerkit.backends.nats._inspect import browse_stream, stats_stream
 from brokerkit.backends.nats._layout import HEADER_ROOM, QueueLayout, encode_headers
 from brokerkit.backends.nats._link import NatsLink
 from brokerkit.backends.nats._options import NatsOptions
@@ -93,6 +96,7 @@ class NatsBackend(Backend):
             fan_out=True,
             redelivery_slack=_REDELIVERY_SLACK,
             ack_flush_interval=0.0 if options.confirm_acks else 0.1,
+            browse=True,
             extras={"partitions": options.partitions, "storage": options.storage},
         )
 
@@ -266,6 +270,41 @@ class NatsBackend(Backend):
                     await self.link.js.delete_stream(layout.stream)
                 except nats.js.errors.NotFoundError:
                     pass
+
+    async def _existing(self, queue: QueueRef) -> QueueLayout | None:
+        """The queue's (or DLQ's) stream as it is on the server; None when it is not there
+        (browse and stats create nothing)."""
+        opts = self.options
+        layout = QueueLayout.of(
+            opts.prefix, queue.name, dead_letters=queue.dead_letters, partitions=opts.partitions
+        )
+        with self.link.errors(f"stream info of {layout.stream!r}"):
+            try:
+                info = await self.link.js.stream_info(layout.stream)
+            except nats.js.errors.NotFoundError:
+                return None
+        found = _PARTITIONS_RE.search(info.config.description or "")
+        if found is None:
+            raise ConfigError(
+                f"stream {layout.stream!r} exists but was not created by brokerkit: use another "
+                "?prefix="
+            )
+        return dataclasses.replace(layout, partitions=int(found.group(1)))
+
+    async def browse(self, queue: QueueRef, limit: int) -> list[Delivery[None]]:
+        """``STREAM.MSG.GET`` by sequence (no consumer: nothing counted or left behind),
+        from the lowest ack floor of any group; see ``_inspect``. ``attempt`` is 0."""
+        layout = await self._existing(queue)
+        if layout is None:
+            return []
+        return await browse_stream(self.link, layout, limit, dead_letters=queue.dead_letters)
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        """From ``STREAM.INFO`` and the group's durables' info; see ``_inspect``."""
+        layout = await self._existing(queue)
+        if layout is None:
+            return QueueStats(ready=0)
+        return await stats_stream(self.link, layout, group)
 
     async def _declare_stream(self, queue: QueueRef) -> QueueLayout:
         """add_stream is idempotent for an identical config; another config means it exists.

@@ -15,13 +15,16 @@ from brokerkit.backends import (
     BrokerURL,
     Capabilities,
     ConfigError,
+    Delivery,
     HostPort,
     Outgoing,
     PublishResult,
     QueueRef,
+    QueueStats,
     ReceiverSettings,
     parse_options,
 )
+from brokerkit.backends.redis_streams._inspect import browse_pair, stats_pair
 from brokerkit.backends.redis_streams._keys import (
     FIFO_ID_PREFIX,
     Keys,
@@ -87,6 +90,7 @@ class RedisBackend(Backend):
             max_nack_delay=30 * 86400.0,
             redelivery_slack=options.poll_interval + 0.25,
             ack_flush_interval=options.ack_flush_interval,
+            browse=True,
             extras={"server": "redis"},
         )
 
@@ -223,6 +227,18 @@ class RedisBackend(Backend):
         them, and a group created later still starts at the oldest entry)."""
         if group is not None:
             await self.link.declare_group(self.keys.stream(queue.name, queue.dead_letters), group)
+
+    async def browse(self, queue: QueueRef, limit: int) -> list[Delivery[None]]:
+        """Script BROWSE (``XRANGE`` + ``XINFO GROUPS`` + ``XPENDING``, nothing written) on
+        the plain stream and its fifo twin, merged by entry id; ``attempt`` is 0."""
+        return await browse_pair(self.link, self.keys.stream(queue.name, queue.dead_letters), limit)
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        """Script STATS per stream: ready = the group's lag + expired leases + due and parked
+        entries, in flight = live leases (PEL by consumer, ``XPENDING IDLE``), delayed = the
+        due ZSET after now; the oldest age from the first entry's id. Without a group: ready
+        is every entry some group still needs (in flight and delayed None)."""
+        return await stats_pair(self.link, self.keys.stream(queue.name, queue.dead_letters), group)
 
     async def delete_queue(self, queue: str) -> None:
         """``DEL`` every key of the queue, found by ``SCAN MATCH <prefix>{queue}:*``: both

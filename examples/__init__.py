@@ -1,0 +1,1 @@
+"""Runnable examples: ``brokerkit run examples.email_worker:app``."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brokerkit._check_faults import FaultCollector
 from brokerkit._errors import ConfigError
 from brokerkit._redact import RedactingStream
 from brokerkit._url import BrokerURL
@@ -33,13 +34,15 @@ class _Collector:
     never reached (an interrupted run) leaves a trace instead of vanishing.
     """
 
+    ignore: tuple[str, ...] = ()
+    """Behaviours judged elsewhere (the fault behaviours: their own collector)."""
     tests: dict[str, _Test] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     collection_errors: list[str] = field(default_factory=list)
 
     def pytest_itemcollected(self, item: Any) -> None:
         marker = item.get_closest_marker("behaviour")
-        if marker is not None:
+        if marker is not None and marker.args[0] not in self.ignore:
             self.tests[item.nodeid] = _Test(marker.args[0])
 
     def pytest_deselected(self, items: list[Any]) -> None:
@@ -129,7 +132,9 @@ def run_check(
 
     backend = backend_class(parsed.scheme)
     suite = Path(contract_tests.__file__).parent
-    collector = _Collector()
+    fault_behaviours = tuple(getattr(contract_tests, "FAULT_BEHAVIOURS", ()))
+    collector = _Collector(ignore=fault_behaviours)
+    faults = FaultCollector(fault_behaviours)
     args = [
         str(suite),
         "-c",
@@ -148,7 +153,7 @@ def run_check(
     output = RedactingStream(sys.stderr, parsed.secrets())  # the suite redacts its reports;
     with contextlib.redirect_stdout(output):  # this catches whatever else pytest prints
         try:
-            exit_code = pytest.main(args, plugins=[collector])
+            exit_code = pytest.main(args, plugins=[collector, faults])
         finally:
             output.flush()
     results: dict[str, str] = {}
@@ -165,6 +170,9 @@ def run_check(
         ok = ok and selected_passed and result != FAIL
     if not any(t.selected for t in collector.tests.values()):
         ok = False  # nothing ran: no evidence of anything
+    fault_results = faults.results()  # the fault behaviours (v1.1), after the 17
+    results.update(fault_results)
+    ok = ok and FAIL not in fault_results.values()
     summary = {
         "url": parsed.redacted(),
         "backend": f"{backend.__module__}.{backend.__qualname__}",
@@ -183,4 +191,6 @@ def run_check(
         and t.outcome == "skipped"
         and not t.skip_reason.startswith(contract_tests.UNSUPPORTED)
     ]
+    failures += faults.failures()
+    summary["faults"] = faults.details()  # per fault: result, reason if not run, figures
     return summary, failures

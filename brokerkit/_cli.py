@@ -12,7 +12,8 @@ import json
 import logging
 import statistics
 import sys
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -54,23 +55,89 @@ def demo(url: str) -> None:
     sys.exit(0 if ok else 1)
 
 
+def _fault_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The hooks of the fault behaviours, as options of ``check``."""
+    options = [
+        click.option(
+            "--restart-cmd",
+            default=None,
+            metavar="CMD",
+            help="Command that kills the broker (SIGKILL) and starts it on the same data, "
+            "returning when it is ready (e.g. 'scripts/services restart redis'): runs "
+            "'broker restart'. Split like a shell would, run without one; its output is "
+            "shown only on failure, the URL's password masked.",
+        ),
+        click.option(
+            "--restart-timeout",
+            type=click.FloatRange(min=1),
+            default=None,
+            help="Seconds the restart command may take (default 300).",
+        ),
+        click.option(
+            "--proxy",
+            is_flag=True,
+            help="Connect through a TCP proxy the suite runs and cut it: runs 'network cut'.",
+        ),
+        click.option(
+            "--proxy-port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help="The proxy's listen port (a broker that advertises it, e.g. Kafka).",
+        ),
+        click.option(
+            "--cut-seconds",
+            type=click.FloatRange(min=0.5),
+            default=None,
+            help="How long the network stays cut (default 20: longer than client timeouts).",
+        ),
+        click.option("--soak-long", is_flag=True, help="Run the long soak (50 000 messages)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _echo_fault_figures(faults: dict[str, Any]) -> None:
+    for behaviour, detail in faults.items():
+        for figures in detail.get("figures", []):
+            shown = {k: v for k, v in figures.items() if k not in ("behaviour", "test")}
+            click.echo(f"    {behaviour} [{figures.get('test', '')}]: {json.dumps(shown)}")
+
+
 @main.command()
 @click.argument("url", default=DEFAULT_URL)
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (CONTRACT.md §9).")
 @click.option("-k", "select", default=None, help="Only tests matching this pytest expression.")
-def check(url: str, pytest_args: tuple[str, ...], as_json: bool, select: str | None) -> None:
+@_fault_options
+def check(
+    url: str, pytest_args: tuple[str, ...], as_json: bool, select: str | None, **hooks: Any
+) -> None:
     """Run the contract suite against URL and report each behaviour.
 
     Exit status 0 only when every selected test passed (or skipped for an optional
-    feature that capabilities declares absent). A behaviour passes only when all its
-    tests ran and passed; one with a test deselected by -k is "not run". Slow tests
-    (the dedup window of a broker that fixes it) run too. More pytest options go
-    after ``--``: ``brokerkit check URL -- -v --tb=long``.
+    feature that capabilities declares absent) and no fault behaviour that ran
+    failed. A behaviour passes only when all its tests ran and passed; one with a
+    test deselected by -k is "not run". Slow tests (the dedup window of a broker
+    that fixes it) run too.
+
+    After the 17 behaviours come the fault behaviours (CONTRACT.md section 9,
+    v1.1): crash, broker restart, network cut, soak. Each is "pass", "fail" or
+    "not run": a fault whose hook was not given (--restart-cmd for broker
+    restart, --proxy for network cut) or that cannot apply (memory:// is
+    in-process, so crash cannot run there) is "not run", with the reason and the
+    flag that would run it; never a pass. --json adds "faults": {behaviour:
+    {"result", "reason" (when not run), "figures"}} beside "results".
+    More pytest options go after ``--``: ``brokerkit check URL -- -v --tb=long``.
     """
     from brokerkit._check import run_check
+    from brokerkit._check_faults import fault_pytest_args
 
-    args = [*(["-k", select] if select else []), *pytest_args]
+    try:
+        hook_args = fault_pytest_args(**hooks)
+    except ValueError as exc:
+        raise click.BadParameter(f"--restart-cmd: {exc}") from None
+    args = [*(["-k", select] if select else []), *hook_args, *pytest_args]
     summary, failures = _guarded(url, lambda: run_check(url, pytest_args=args or None))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -79,7 +146,10 @@ def check(url: str, pytest_args: tuple[str, ...], as_json: bool, select: str | N
         for behaviour, result in summary["results"].items():
             lacking = summary["unsupported"].get(behaviour)
             note = f"  (unsupported: {', '.join(lacking)})" if lacking else ""
+            reason = summary.get("faults", {}).get(behaviour, {}).get("reason")
+            note += f" ({reason})" if reason else ""
             click.echo(f"  {behaviour:<20} {result}{note}")
+        _echo_fault_figures(summary.get("faults", {}))
         click.echo(
             f"{summary['passed']} passed, {summary['failed']} failed, {summary['not_run']} not run"
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from brokerkit import _alone
 from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
@@ -307,7 +308,7 @@ class Consumer:
         while True:
             # state is re-read after every await: close (or another iterating task) may
             # have moved it meanwhile
-            if len(self._held) >= self.max_in_flight:
+            if len(self._held) >= self.max_in_flight or _alone.blocks(self):
                 await self._wait_for_slot()
                 if self._closing:
                     raise StopAsyncIteration
@@ -333,12 +334,9 @@ class Consumer:
                 deadline = self._batch_deadline
                 if _now() > deadline:
                     continue  # the lease ran out while buffered: the broker redelivers it
-                if delivery.attempt > self.max_attempts and not self.dead_letters:
-                    # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
-                    await self.move_to_dlq(
-                        delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1
-                    )
-                    continue
+                if delivery.attempt >= self.max_attempts and not self.dead_letters:
+                    if not await _alone.last_attempt(delivery, deadline, self):  # or the DLQ
+                        continue
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
                 return message

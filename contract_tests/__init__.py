@@ -31,3 +31,10 @@ UNSUPPORTED = "unsupported: "
 A test skips with this prefix (``_helpers.unsupported``) and nothing else: ``brokerkit
 check`` counts any other skip as a failure, since no mandatory behaviour may be skipped.
 """
+
+FAULT_BEHAVIOURS = ("crash", "broker restart", "network cut", "soak")
+"""The fault behaviours of CONTRACT.md section 9 (v1.1), printed after BEHAVIOURS.
+
+One whose hook was not given (``--restart-cmd``, ``--proxy``) or that cannot apply
+(memory:// is in-process) is reported "not run", with the reason, never as a pass.
+"""

@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 import brokerkit
+from contract_tests._faults import add_fault_options
 from contract_tests._helpers import SecretURL, fresh
 
 Connect = Callable[..., Awaitable[brokerkit.Broker]]
@@ -41,6 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="ignore BROKERKIT_URLS: only the --broker-url URLs (brokerkit check URL checks URL)",
     )
+    add_fault_options(parser)  # --restart-cmd, --proxy, --cut-seconds, --soak-long, ...
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -149,6 +149,12 @@ class ReceiverSettings:
 class Receiver(ABC, Generic[R]):
     """One consumer's lease-holding link to a queue (or its DLQ) for one group."""
 
+    release_uncounted: ClassVar[bool] = False
+    """True when ``release`` gives deliveries back without counting an attempt. The
+    facade then gives back what it fetched ahead before it hands out a redelivered
+    message (attempt > 1, perhaps the one that crashed a consumer), so that a crash
+    while handling it counts no attempt for its neighbours."""
+
     @abstractmethod
     async def receive(self, max_messages: int, wait: float) -> list[Delivery[R]]:
         """Lease up to ``max_messages`` messages, waiting at most ``wait`` s for the first.

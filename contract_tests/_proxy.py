@@ -1,0 +1,183 @@
+"""A TCP proxy the suite controls, for the ``network cut`` behaviour (``--proxy``).
+
+Runs its own event loop in a thread (so a client that blocks the test's loop cannot
+stall it). ``cut()`` makes the path behave like a pulled cable: no byte moves in either
+direction on any connection (nothing is closed, nothing is refused: the bytes wait,
+as TCP retransmits would), and new connections are accepted but not connected through
+until ``restore()``. Whatever a client does meanwhile (time out, close, reconnect)
+is its own doing. Toxiproxy would do the same over HTTP; this one needs nothing
+installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import brokerkit
+
+T = TypeVar("T")
+HOST = "127.0.0.1"
+
+
+class Proxy:
+    """Forwards 127.0.0.1:``port`` to ``upstream``; ``cut``/``restore`` the path."""
+
+    def __init__(self, upstream_host: str, upstream_port: int, listen_port: int = 0) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self._listen_port = listen_port
+        self.port = 0
+        self.connections = 0
+        self.bytes = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._flowing: asyncio.Event | None = None
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    def start(self) -> int:
+        self._thread.start()
+        self.port = self._run(self._start())
+        return self.port
+
+    async def _start(self) -> int:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._server = await asyncio.start_server(self._handle, HOST, self._listen_port)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    def cut(self) -> None:
+        self._run(self._set(False))
+
+    def restore(self) -> None:
+        self._run(self._set(True))
+
+    async def _set(self, flowing: bool) -> None:
+        assert self._flowing is not None
+        if flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                self._run(self._close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        assert self._flowing is not None
+        self._flowing.set()  # let held pumps see the closed sockets and end
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._flowing is not None
+        self.connections += 1
+        self._writers.add(writer)
+        try:
+            await self._flowing.wait()  # a new connection during a cut waits, like a SYN
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.close()
+            self._writers.discard(writer)
+            return
+        self._writers.add(up_writer)
+        pumps = [
+            asyncio.ensure_future(self._pump(reader, up_writer)),
+            asyncio.ensure_future(self._pump(up_reader, writer)),
+        ]
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for pump in pumps:
+            pump.cancel()
+        for w in (writer, up_writer):
+            w.close()
+            self._writers.discard(w)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        assert self._flowing is not None
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while True:
+                await self._flowing.wait()
+                data = await src.read(65536)
+                if not data:
+                    return
+                await self._flowing.wait()  # cut while reading: the bytes wait for restore
+                dst.write(data)
+                self.bytes += len(data)
+                await dst.drain()
+
+
+@dataclasses.dataclass
+class Path:
+    """The proxies of one URL (one per broker host), cut and restored together."""
+
+    url: str
+    """The URL rewritten to go through the proxies (real: password included)."""
+    proxies: list[Proxy]
+
+    def cut(self) -> None:
+        for proxy in self.proxies:
+            proxy.cut()
+
+    def restore(self) -> None:
+        for proxy in self.proxies:
+            proxy.restore()
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.close()
+
+    @property
+    def connections(self) -> int:
+        return sum(p.connections for p in self.proxies)
+
+
+def through_proxy(url: str, listen_port: int = 0) -> Path:
+    """Start proxies for ``url``'s hosts (or its ``endpoint`` parameter, e.g. SQS) and
+    return the URL rewritten to them. ``listen_port`` fixes the port (one host only)."""
+    parsed = brokerkit.BrokerURL.parse(url)
+    proxies: list[Proxy] = []
+    if parsed.hosts:
+        if listen_port and len(parsed.hosts) > 1:
+            raise ValueError("--proxy-port needs a URL with one host")
+        hosts = []
+        for hp in parsed.hosts:
+            proxy = Proxy(hp.host, hp.port or _default_port(parsed.scheme), listen_port)
+            proxies.append(proxy)
+            hosts.append(type(hp)(HOST, proxy.start()))
+        return Path(dataclasses.replace(parsed, hosts=tuple(hosts)).render(), proxies)
+    endpoint = parsed.params.get("endpoint")
+    if not endpoint:
+        raise ValueError(f"{parsed.scheme}:// URL has no host (nor endpoint) to proxy")
+    split = urlsplit(endpoint)
+    if split.hostname is None:
+        raise ValueError("the endpoint parameter has no host to proxy")
+    default = 443 if split.scheme == "https" else 80
+    proxy = Proxy(split.hostname, split.port or default, listen_port)
+    proxies.append(proxy)
+    new = urlunsplit(split._replace(netloc=f"{HOST}:{proxy.start()}"))
+    query = tuple((k, new if k == "endpoint" else v) for k, v in parsed.query)
+    return Path(dataclasses.replace(parsed, query=query).render(), proxies)
+
+
+def _default_port(scheme: str) -> int:
+    ports = {"redis": 6379, "rediss": 6379, "nats": 4222, "tls": 4222, "kafka": 9092}
+    ports |= {"amqp": 5672, "amqps": 5671}
+    if scheme not in ports:
+        raise ValueError(f"no default port known for {scheme}://: give one in the URL")
+    return ports[scheme]

@@ -1,0 +1,231 @@
+"""A stream of publishes and consumers that a fault is thrown at (broker restart, network cut).
+
+One producer connection publishes one message at a time, paced, each call bounded by
+``asyncio.wait_for``; two consumers, each on its own connection, iterate and ack. The
+stream records, per message body, when its publish returned (or how it failed), every
+delivery and every ack, so the fault tests can assert and report:
+
+* every publish that returned is acked by a consumer in the end (``lost`` must be 0);
+* a publish during the outage returns or raises ``BrokerUnavailable``: never hangs
+  (bounded), never raises anything else;
+* the consumers keep iterating by themselves (their iterator never raises);
+* nothing whose ``ack()`` returned is delivered again, except an ack that returned within
+  ``capabilities.ack_flush_interval`` of the moment the broker became unreachable (the
+  documented coalescing window; for a restart hook, its first ``KILL_GRACE`` seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import brokerkit
+from contract_tests._helpers import SCALE
+
+PACE = 0.01
+"""Seconds between two publishes of the stream (about 100 messages a second)."""
+AFTER_RECOVERY = 30.0 * SCALE
+"""A publish blocked by the outage must end at most this long after the broker is back."""
+OVERLAP = 0.5
+"""A second delivery this soon after the first one's ack returned is an overlap, not a
+lost ack: the broker's lease ran out while the message sat in the cut network (its
+clock starts when it sends), so it sent it again while the first holder was still
+acking. Reported as ``overlapping_redeliveries``; a lost ack shows up a lease later."""
+KILL_GRACE = 1.0
+"""The restart hook kills the broker within this long of starting (acks that returned
+before it may be lost with the broker, within the coalescing window)."""
+
+
+@dataclass
+class Publish:
+    started: float
+    ended: float | None = None
+    outcome: str = "pending"  # "ok", "unavailable", "hung", or an error type name
+
+
+@dataclass
+class Stream:
+    producer: brokerkit.Broker
+    consumers: list[brokerkit.Consumer]
+    queue: str
+    hold: float = 0.0
+    """Seconds each handler holds a message before it acks (to be caught mid-ack)."""
+    pace: float = PACE
+    """Seconds between two publishes (keep it above hold / consumers: no backlog)."""
+    bound: float = 120.0
+    """Longest a single publish call may take before it counts as a hang."""
+    publishes: dict[str, Publish] = field(default_factory=dict)
+    deliveries: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    acks: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # (t, "ok"|type)
+    iterator_errors: list[str] = field(default_factory=list)
+    paused: asyncio.Event = field(default_factory=asyncio.Event)  # set: publisher paused
+    _stop: bool = False
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.ensure_future(self._publisher()))
+        for consumer in self.consumers:
+            self._tasks.append(asyncio.ensure_future(self._consume(consumer)))
+
+    async def _publisher(self) -> None:
+        i = 0
+        while not self._stop:
+            if self.paused.is_set():
+                await asyncio.sleep(self.pace)
+                continue
+            body = f"m{i:06d}"
+            i += 1
+            record = self.publishes[body] = Publish(time.monotonic())
+            try:
+                await asyncio.wait_for(self.producer.publish(self.queue, body.encode()), self.bound)
+                record.outcome = "ok"
+            except brokerkit.BrokerUnavailable:
+                record.outcome = "unavailable"
+            except TimeoutError:
+                record.outcome = "hung"
+            except brokerkit.BrokerkitError as exc:
+                record.outcome = type(exc).__name__
+            record.ended = time.monotonic()
+            await asyncio.sleep(self.pace)
+
+    async def _consume(self, consumer: brokerkit.Consumer) -> None:
+        try:
+            async for msg in consumer:
+                body = msg.body.decode()
+                self.deliveries.setdefault(body, []).append((time.monotonic(), msg.attempt))
+                if self.hold:
+                    await asyncio.sleep(self.hold)  # the handler's work
+                try:
+                    await msg.ack()
+                except brokerkit.BrokerkitError as exc:
+                    self.acks.setdefault(body, []).append((time.monotonic(), type(exc).__name__))
+                else:
+                    self.acks.setdefault(body, []).append((time.monotonic(), "ok"))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.iterator_errors.append(type(exc).__name__)
+
+    async def stop_publishing(self) -> None:
+        self._stop = True
+        publisher = self._tasks[0]
+        await asyncio.wait([publisher], timeout=self.bound + 5)
+
+    async def close(self) -> None:
+        self._stop = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # ---- what happened
+
+    def confirmed(self) -> set[str]:
+        return {b for b, p in self.publishes.items() if p.outcome == "ok"}
+
+    def acked(self) -> set[str]:
+        return {b for b, acks in self.acks.items() if any(r == "ok" for _, r in acks)}
+
+    def confirmed_after(self, t: float) -> int:
+        return sum(1 for p in self.publishes.values() if p.outcome == "ok" and p.started > t)
+
+    def all_acked(self) -> bool:
+        return self.confirmed() <= self.acked()
+
+    def count(self, predicate: Callable[[Publish], bool]) -> int:
+        return sum(1 for p in self.publishes.values() if predicate(p))
+
+    def figures(
+        self, fault_start: float, fault_end: float, flush: float, kill_grace: float
+    ) -> dict[str, Any]:
+        """The figures of one fault run, and the violations among them."""
+        confirmed = self.confirmed()
+        acked = self.acked()
+        redelivered_in_window, redelivered_after_ack, overlapping = [], [], []
+        duplicates = 0
+        for body, seen in self.deliveries.items():
+            duplicates += len(seen) - 1
+            ok_acks = [t for t, r in self.acks.get(body, []) if r == "ok"]
+            if not ok_acks:
+                continue
+            first_ok = min(ok_acks)
+            again = [t for t, _ in seen if t > first_ok]
+            if not again:
+                continue
+            if min(again) - first_ok < OVERLAP:
+                overlapping.append(body)
+                continue
+            # the coalescing window around the moment the broker became unreachable
+            if fault_start - flush - 0.05 <= first_ok <= fault_start + kill_grace + flush + 0.05:
+                redelivered_in_window.append(body)
+            else:
+                redelivered_after_ack.append(
+                    f"{body} (acked at {first_ok - fault_start:+.2f}s, "
+                    f"again {min(again) - first_ok:.2f}s later)"
+                )
+        late = [
+            b
+            for b, p in self.publishes.items()
+            if p.ended is not None and p.ended - max(p.started, fault_end) > AFTER_RECOVERY
+        ]
+        after = [p for b, p in self.publishes.items() if p.started >= fault_end and b in acked]
+        first_after = min(
+            (min(t for t, _ in self.deliveries[b]) for b, p in self.publishes.items()
+             if p.started >= fault_end and b in self.deliveries),
+            default=None,
+        )  # fmt: skip
+        durations = [p.ended - p.started for p in self.publishes.values() if p.ended is not None]
+        ack_errors = sum(1 for acks in self.acks.values() for _, r in acks if r != "ok")
+        return {
+            "published": len(self.publishes),
+            "confirmed": len(confirmed),
+            "unavailable": self.count(lambda p: p.outcome == "unavailable"),
+            "hung": self.count(lambda p: p.outcome == "hung"),
+            "publish_errors": sorted(
+                {p.outcome for p in self.publishes.values()} - {"ok", "unavailable", "hung"}
+            ),
+            "publish_max_s": round(max(durations, default=0.0), 2),
+            "published_late": len(late),
+            "delivered": len(self.deliveries),
+            "lost": len(confirmed - acked),
+            "lost_examples": sorted(confirmed - acked)[:5],
+            "duplicates": duplicates,
+            "ack_errors": ack_errors,
+            "acked_redelivered_in_window": len(redelivered_in_window),
+            "acked_redelivered_outside_window": len(redelivered_after_ack),
+            "acked_redelivered_examples": sorted(redelivered_after_ack)[:5],
+            "overlapping_redeliveries": len(overlapping),
+            "iterator_errors": self.iterator_errors,
+            "outage_s": round(fault_end - fault_start, 2),
+            "recovery_s": None if first_after is None else round(first_after - fault_end, 2),
+            "confirmed_after_fault": len(after),
+        }
+
+
+def violations(figures: dict[str, Any]) -> list[str]:
+    """What the contract forbids under a fault, from ``Stream.figures``."""
+    out = []
+    if figures["lost"]:
+        out.append(f"{figures['lost']} confirmed messages never acked: {figures['lost_examples']}")
+    if figures["hung"] or figures["published_late"]:
+        out.append(
+            f"publishes hung: {figures['hung']} past the bound, {figures['published_late']} "
+            f"ended more than {AFTER_RECOVERY:.0f}s after recovery"
+        )
+    if figures["publish_errors"]:
+        out.append(f"publish raised other than BrokerUnavailable: {figures['publish_errors']}")
+    if figures["iterator_errors"]:
+        out.append(f"a consumer's iterator raised (no recovery): {figures['iterator_errors']}")
+    if figures["acked_redelivered_outside_window"]:
+        out.append(
+            f"{figures['acked_redelivered_outside_window']} messages whose ack() returned "
+            f"outside the coalescing window came back: {figures['acked_redelivered_examples']}"
+        )
+    if figures["recovery_s"] is None:
+        out.append("nothing published after the fault was delivered")
+    return out

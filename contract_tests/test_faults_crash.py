@@ -1,0 +1,278 @@
+"""Fault behaviour ``crash``: a consumer process SIGKILLed mid-handler, again and again.
+
+Consumers run in child processes (``contract_tests._crash_child``). A poison message makes
+its handler hang; the test SIGKILLs that process while it holds the message and starts
+a replacement, so the group always has another live consumer. Each time the message
+must come back to a consumer of the group with attempt + 1 within ``ack_timeout`` +
+``capabilities.redelivery_slack`` (the lateness is measured and reported), and after
+``max_attempts`` deliveries it must be in the DLQ with reason ``max_attempts``. The
+innocent messages published around it are all acked, none twice (beyond the
+ack-coalescing window before a kill), and none is dead-lettered.
+
+memory:// is in-process (a child process cannot share it): reported "not run".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import brokerkit
+from contract_tests._faults import NOT_RUN, child_env, in_process, record
+from contract_tests._helpers import SCALE, WAIT, nothing_within, receive
+from contract_tests.conftest import Connect
+
+ACK_TIMEOUT = 2.0
+MAX_ATTEMPTS = 3
+JITTER = 0.5 * SCALE
+"""Allowance on top of the declared slack for the child's pipe and the parent's loop."""
+MEASURE = 30.0 * SCALE
+"""How long past the declared slack a redelivery is still waited for (to report it)."""
+START_WAIT = 60.0 * SCALE
+"""A child process starts Python, imports the driver and joins the group."""
+
+
+@dataclass(eq=False)
+class Child:
+    proc: asyncio.subprocess.Process
+    name: str
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    killed_at: float | None = None
+    reader: asyncio.Task[None] | None = None
+
+
+@dataclass
+class Pool:
+    """Consumer processes of one queue and group; every event they print, in one queue."""
+
+    url: object
+    settings: dict[str, Any]
+    events: asyncio.Queue[tuple[Child, dict[str, Any]]] = field(default_factory=asyncio.Queue)
+    children: list[Child] = field(default_factory=list)
+
+    async def spawn(self) -> Child:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "contract_tests._crash_child",
+            json.dumps(self.settings),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,  # a driver's log could name the broker
+            env=child_env(self.url),
+        )
+        child = Child(proc, f"child-{len(self.children)}")
+        child.reader = asyncio.ensure_future(self._read(child))
+        self.children.append(child)
+        return child
+
+    async def _read(self, child: Child) -> None:
+        assert child.proc.stdout is not None
+        while line := await child.proc.stdout.readline():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("ev") == "ready":
+                child.ready.set()
+            await self.events.put((child, event))
+        await self.events.put((child, {"ev": "exit"}))
+
+    async def ready(self, child: Child) -> None:
+        try:
+            await asyncio.wait_for(child.ready.wait(), START_WAIT)
+        except TimeoutError:
+            raise AssertionError(f"{child.name} not ready within {START_WAIT:.0f}s") from None
+
+    def kill(self, child: Child) -> None:
+        """SIGKILL: no close, no flush, no nack; the broker finds out by itself."""
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.send_signal(signal.SIGKILL)
+        child.killed_at = time.monotonic()
+
+    def live(self) -> list[Child]:
+        return [c for c in self.children if c.killed_at is None and c.proc.returncode is None]
+
+    async def next(self, timeout: float, what: str) -> tuple[Child, dict[str, Any]]:
+        try:
+            return await asyncio.wait_for(self.events.get(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}") from None
+
+    async def close(self) -> None:
+        """Close the children's stdin (they close their consumers and exit); kill stragglers."""
+        for child in self.children:
+            if child.proc.stdin is not None and child.proc.returncode is None:
+                with contextlib.suppress(OSError):
+                    child.proc.stdin.close()
+        for child in self.children:
+            try:
+                await asyncio.wait_for(child.proc.wait(), 20)
+            except TimeoutError:
+                self.kill(child)
+                await child.proc.wait()
+            if child.reader is not None:
+                child.reader.cancel()
+
+
+@pytest.mark.behaviour("crash")
+@pytest.mark.parametrize("prefetch", [1, 32], ids=["prefetch=1", "prefetch=32"])
+async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the_poison(
+    broker_url: object,
+    connect: Connect,
+    queue: str,
+    group: str,
+    prefetch: int,
+    request: pytest.FixtureRequest,
+) -> None:
+    if in_process(broker_url):
+        pytest.skip(NOT_RUN + "memory:// is in-process: no other process can consume from it")
+    started = time.monotonic()
+    broker = await connect()
+    slack = broker.capabilities.redelivery_slack
+    flush = broker.capabilities.ack_flush_interval
+    poison = "POISON"
+    before = [f"n{i:03d}" for i in range(5)]
+    after = [f"n{i:03d}" for i in range(5, 25)]
+    innocents = set(before) | set(after)
+    pool = Pool(
+        broker_url,
+        {
+            "queue": queue,
+            "group": group,
+            "max_attempts": MAX_ATTEMPTS,
+            "ack_timeout": ACK_TIMEOUT,
+            "prefetch": prefetch,
+            "poison": [poison],
+            "lifetime": 600.0,
+        },
+    )
+    acks: dict[str, list[tuple[Child, float, int]]] = {}  # body -> (child, time, attempt)
+    holds: list[tuple[float, int]] = []  # (time, attempt) of each delivery of the poison
+    lateness: list[float] = []
+    errors: list[str] = []
+    dead_innocents: list[str] = []
+    dlq_after: float | None = None
+    failure = ""
+    try:
+        first, second = await pool.spawn(), await pool.spawn()
+        await pool.ready(first)
+        await pool.ready(second)
+        bodies = [*before, poison, *after]
+        sent = await broker.publish_many(queue, [brokerkit.Outgoing(b.encode()) for b in bodies])
+        poison_id = sent[len(before)].id
+
+        def handle(child: Child, event: dict[str, Any]) -> None:
+            kind = event["ev"]
+            if kind == "ack":
+                acks.setdefault(event["body"], []).append((child, event["t"], event["attempt"]))
+            elif kind in ("ack_error", "error"):
+                errors.append(f"{child.name}: {kind} {event.get('type')}")
+            elif kind == "exit" and child.killed_at is None:
+                errors.append(f"{child.name} exited by itself")
+
+        # kill whoever holds the poison, max_attempts times; a replacement joins each time
+        while len(holds) < MAX_ATTEMPTS:
+            due = holds[-1][0] + ACK_TIMEOUT if holds else time.monotonic() + WAIT
+            # waits past the declared slack too: how late it comes is measured, judged below
+            limit = due - time.monotonic() + slack + JITTER + (START_WAIT if not holds else MEASURE)
+            child, event = await pool.next(
+                max(limit, 0.1), f"delivery {len(holds) + 1} of the poison message"
+            )
+            handle(child, event)
+            assert not errors, errors
+            if event["ev"] != "hold":
+                continue
+            assert event["id"] == poison_id, event
+            assert event["attempt"] == len(holds) + 1, (
+                f"the poison came back with attempt {event['attempt']}, "
+                f"expected {len(holds) + 1} (deliveries so far: {holds})"
+            )
+            if holds:
+                lateness.append(event["t"] - (holds[-1][0] + ACK_TIMEOUT))
+            holds.append((event["t"], event["attempt"]))
+            pool.kill(child)
+            await pool.spawn()  # a replacement: the group keeps two live consumers
+
+        # the next delivery (attempt max_attempts + 1) is dead-lettered by the facade
+        async with broker.dead_letters(queue) as dead:
+            deadline = holds[-1][0] + ACK_TIMEOUT + slack + JITTER + MEASURE
+            corpse = await receive(dead, max(deadline - time.monotonic(), 0.1))
+            dlq_after = time.monotonic() - (holds[-1][0] + ACK_TIMEOUT)
+            info = corpse.dead_letter_info
+            assert info is not None
+            assert (corpse.body, info.original_id) == (poison.encode(), poison_id), (
+                f"an innocent message was dead-lettered: {corpse.body!r} {info!r}"
+            )
+            assert (info.reason, info.attempts) == ("max_attempts", MAX_ATTEMPTS), info
+            await corpse.ack()
+
+            # every innocent acked (the survivors redeliver what the killed ones held)
+            end = time.monotonic() + WAIT + ACK_TIMEOUT + slack
+            try:
+                while not innocents <= set(acks):
+                    missing = sorted(innocents - set(acks))
+                    child, event = await pool.next(
+                        max(end - time.monotonic(), 0.1), f"the innocent messages {missing}"
+                    )
+                    handle(child, event)
+                    assert event["ev"] != "hold", f"the poison was delivered again: {event}"
+                    assert not errors, errors
+            finally:  # whatever else reached the DLQ: an innocent dead-lettered
+                while extra := await nothing_within(dead, ACK_TIMEOUT + slack + JITTER):
+                    extra_info = extra.dead_letter_info
+                    why = (extra_info.reason, extra_info.attempts) if extra_info else None
+                    dead_innocents.append(f"{extra.body.decode()} {why}")
+                    await extra.ack()
+            assert not dead_innocents, f"innocent messages dead-lettered: {dead_innocents}"
+        # drain stray events (a late duplicate would show here)
+        with contextlib.suppress(TimeoutError):
+            while True:
+                child, event = await asyncio.wait_for(pool.events.get(), 0.2)
+                handle(child, event)
+    except AssertionError as exc:
+        failure = str(exc)
+    finally:
+        await pool.close()
+
+    duplicates, excused = [], []
+    for body, seen in acks.items():
+        for child, t, _ in seen[:-1]:  # every ack but the last was followed by a redelivery
+            killed = child.killed_at
+            if killed is not None and killed - flush - 0.05 <= t <= killed:
+                excused.append(body)  # acked within the coalescing window before SIGKILL
+            else:
+                duplicates.append(body)
+    figures = {
+        "url_scheme": brokerkit.BrokerURL.parse(str(broker_url)).scheme,
+        "prefetch": prefetch,
+        "ack_timeout": ACK_TIMEOUT,
+        "redelivery_slack": slack,
+        "kills": len(holds),
+        "lateness_s": [round(x, 3) for x in lateness],
+        "dlq_after_lease_s": None if dlq_after is None else round(dlq_after, 3),
+        "innocents_dead_lettered": dead_innocents,
+        "innocents": len(innocents),
+        "acked": len(set(acks) & innocents),
+        "innocents_not_acked": len(innocents - set(acks)),
+        "duplicates": len(duplicates),
+        "acked_redelivered_in_window": len(excused),
+        "max_innocent_attempt": max((a for seen in acks.values() for _, _, a in seen), default=0),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    record(request, "crash", figures)
+    assert not failure, f"{failure}; figures: {figures}"
+    assert not duplicates, f"innocent messages acked twice: {sorted(duplicates)}"
+    late = [x for x in lateness if x > slack + JITTER]
+    assert not late, (
+        f"redelivery after a crash came {max(late):.2f}s after the lease ran out; the "
+        f"backend declares redelivery_slack={slack}s (+{JITTER}s allowance): {figures}"
+    )

@@ -1,0 +1,107 @@
+"""Fault behaviour ``broker restart``: the broker SIGKILLed and started again mid-stream.
+
+Needs a hook: ``--restart-cmd CMD`` (``brokerkit check URL --restart-cmd CMD``), a command
+that kills the broker with SIGKILL, starts it again on the same data and returns once
+it is ready: ``scripts/services restart NAME`` for our services, ``scripts/throwaway
+restart NAME PORT`` for a throwaway broker. Without it the behaviour is "not run".
+
+While one producer publishes (about 100 a second, one at a time) and two consumers on
+their own connections ack, CMD runs. Then: every publish that returned is acked in
+the end (lost = 0); a publish during the outage returns after recovery or raises
+BrokerUnavailable, never hangs (each call bounded); the consumers' iterators never
+raise; nothing whose ack returned is delivered again outside the ack-coalescing window
+before the kill. Figures: confirmed, delivered, lost, duplicates, recovery time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from contract_tests._faults import NOT_RUN, in_process, record, run_hook, secrets_of
+from contract_tests._helpers import SCALE, WAIT, eventually
+from contract_tests._stream import AFTER_RECOVERY, KILL_GRACE, Stream, violations
+from contract_tests.conftest import Connect
+
+ACK_TIMEOUT = 5.0
+BEFORE = 50
+"""Messages acked before the fault: the stream is flowing."""
+AFTER = 30
+"""Messages confirmed after the broker is back."""
+
+
+@pytest.mark.behaviour("broker restart")
+async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
+    broker_url: object, connect: Connect, queue: str, group: str, request: pytest.FixtureRequest
+) -> None:
+    command = request.config.getoption("--restart-cmd")
+    if in_process(broker_url):
+        pytest.skip(NOT_RUN + "memory:// is in-process: there is no broker process to restart")
+    if not command:
+        pytest.skip(
+            NOT_RUN + "needs --restart-cmd CMD (a command that SIGKILLs the broker and "
+            "starts it on the same data, e.g. 'scripts/services restart redis')"
+        )
+    timeout = float(request.config.getoption("--restart-timeout"))
+    started = time.monotonic()
+    producer = await connect()
+    slack = producer.capabilities.redelivery_slack
+    flush = producer.capabilities.ack_flush_interval
+    consumers = [
+        (await connect()).consumer(queue, group, ack_timeout=ACK_TIMEOUT, close_timeout=1.0)
+        for _ in range(2)
+    ]
+    for consumer in consumers:
+        await consumer.open()
+    stream = Stream(producer, consumers, queue, bound=timeout + AFTER_RECOVERY)
+    stream.start()
+    timed_out = ""
+    fault_start = fault_end = time.monotonic()
+    hook_s = 0.0
+    try:
+        await eventually(
+            lambda: len(stream.acked()) >= BEFORE or bool(stream.iterator_errors),
+            timeout=WAIT * 3,
+            what=f"{BEFORE} messages acked before the restart",
+        )
+        fault_start = time.monotonic()
+        hook_s, _ = await asyncio.to_thread(run_hook, command, timeout, secrets_of(broker_url))
+        fault_end = time.monotonic()
+        try:
+            await eventually(
+                lambda: stream.confirmed_after(fault_end) >= AFTER or bool(stream.iterator_errors),
+                timeout=AFTER_RECOVERY * 2,
+                what=f"{AFTER} publishes confirmed after the restart",
+            )
+            await stream.stop_publishing()
+            await eventually(
+                lambda: stream.all_acked() or bool(stream.iterator_errors),
+                timeout=AFTER_RECOVERY * 2 + ACK_TIMEOUT + slack,
+                what="every confirmed message acked",
+            )
+            # an observation window: anything acked that still comes back shows up here
+            seen = sum(len(d) for d in stream.deliveries.values())
+            await eventually(
+                lambda: sum(len(d) for d in stream.deliveries.values()) > seen,
+                timeout=(ACK_TIMEOUT + slack + 1.0) * SCALE,
+                what="(no stray redelivery: this wait is expected to time out)",
+            )
+        except AssertionError as exc:
+            timed_out = str(exc)
+    finally:
+        await stream.close()
+        for consumer in consumers:
+            await asyncio.wait_for(consumer.aclose(), WAIT)
+    figures = stream.figures(fault_start, fault_end, flush, KILL_GRACE)
+    figures.update(
+        scheme=str(broker_url).split(":", 1)[0],
+        hook_s=round(hook_s, 2),
+        seconds=round(time.monotonic() - started, 1),
+    )
+    record(request, "broker restart", figures)
+    problems = violations(figures)
+    if timed_out and "expected to time out" not in timed_out:
+        problems.append(timed_out)
+    assert not problems, f"{problems}; figures: {figures}"

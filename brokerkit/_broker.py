@@ -11,16 +11,16 @@ from brokerkit._consumer import Consumer, ConsumerLink
 from brokerkit._dlq import split_envelope
 from brokerkit._errors import InvalidArgument, ResourceClosed, UnsupportedFeature
 from brokerkit._message import BrowsedMessage, Outgoing, PublishResult, QueueStats
+from brokerkit._redrive import redrive
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
 from brokerkit._validate import check_consumer_args, check_int, check_name, check_outgoing
-from brokerkit.backends.base import Backend, Capabilities, QueueRef, ReceiverSettings
+from brokerkit.backends.base import Backend, Capabilities, QueueRef
 
 DEFAULT_GROUP = "default"
 DEAD_LETTER_GROUP = "dead-letters"
 """The consumer group of ``dead_letters()`` and ``redrive()``: they share one view of the DLQ."""
 
-_REDRIVE_LEASE = 60.0
 
 MIN_DEFAULT_IN_FLIGHT = 100
 """The default ``max_in_flight`` is ``max(prefetch, MIN_DEFAULT_IN_FLIGHT)``."""
@@ -322,28 +322,11 @@ class Broker:
 
         Each is republished (without its dedup id, which would suppress it),
         then removed from the DLQ: a crash in between leaves a copy in both.
-        Returns how many moved.
+        Returns how many moved. "Oldest" is the order of death (see ``brokerkit._redrive``).
         """
         check_name("queue", queue)
         if limit is not None:
             check_int("limit", limit, minimum=0)
         backend = await self._opened_backend()
-        ref = QueueRef(queue)
-        settings = ReceiverSettings(ack_timeout=_REDRIVE_LEASE)
-        receiver = await backend.subscribe(ref.dlq, DEAD_LETTER_GROUP, settings)
         wait = 1.0 + self.capabilities.redelivery_slack
-        moved = 0
-        try:
-            while limit is None or moved < limit:
-                batch = await receiver.receive(1, wait)
-                if not batch:
-                    break
-                for delivery in batch:
-                    headers, info = split_envelope(delivery.headers)
-                    group = info.fifo_group if info else delivery.fifo_group
-                    await backend.publish(ref, [Outgoing(delivery.body, group, None, headers)])
-                    await receiver.ack(delivery)
-                    moved += 1
-        finally:
-            await receiver.aclose()
-        return moved
+        return await redrive(backend, queue, DEAD_LETTER_GROUP, limit=limit, first_wait=wait)

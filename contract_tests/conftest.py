@@ -77,12 +77,40 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_known_failures(items)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: pass --run-slow")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def _mark_known_failures(items: list[pytest.Item]) -> None:
+    """Our CI's list of open defects (``BROKERKIT_KNOWN_FAILURES``, e.g. .ci/known-failures):
+    each listed test is an expected failure *there*, and nowhere else: ``brokerkit check``
+    never reads it, so a user's run reports every failure as it is.
+
+    A line is ``strict|flaky SCHEME TEST-ID-PART  # why, and the issue``: ``strict`` makes
+    an unexpected pass fail the run (the defect is fixed: take the line out), ``flaky``
+    allows either outcome (a defect that shows in some runs only).
+    """
+    path = os.environ.get("BROKERKIT_KNOWN_FAILURES")
+    if not path:
+        return
+    rules = []
+    for line in open(path, encoding="utf-8").read().splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            mode, scheme, part = fields
+            rules.append((mode == "strict", scheme, part, line.split("#", 1)[-1].strip()))
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        url = str(callspec.params.get("broker_url", "")) if callspec is not None else ""
+        scheme = url.partition("://")[0]
+        for strict, rule_scheme, part, why in rules:
+            if rule_scheme == scheme and part in item.nodeid:
+                item.add_marker(pytest.mark.xfail(strict=strict, reason=f"known defect: {why}"))
 
 
 @pytest_asyncio.fixture

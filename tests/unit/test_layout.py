@@ -40,7 +40,7 @@ SERVICE = {"brokerkit"} | {
     for m in ("_app", "_worker", "_runner", "_policy", "_middleware", "metrics", "tracing",
               "testing", "_sync")
 }  # fmt: skip
-FACADE = {"brokerkit._broker", "brokerkit._consumer", "brokerkit._registry"}
+FACADE = {"brokerkit._broker", "brokerkit._consumer", "brokerkit._registry", "brokerkit._redrive"}
 TOOLKIT = {"brokerkit.backends", "brokerkit.backends.base"}
 
 

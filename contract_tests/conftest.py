@@ -91,7 +91,8 @@ def _mark_known_failures(items: list[pytest.Item]) -> None:
     each listed test is an expected failure *there*, and nowhere else: ``brokerkit check``
     never reads it, so a user's run reports every failure as it is.
 
-    A line is ``strict|flaky SCHEME TEST-ID-PART  # why, and the issue``: ``strict`` makes
+    A line is ``strict|flaky SCHEME TEST-ID-PART  # why, and the issue`` (``*`` in the part
+    separates pieces that must all appear in the test's id): ``strict`` makes
     an unexpected pass fail the run (the defect is fixed: take the line out), ``flaky``
     allows either outcome (a defect that shows in some runs only).
     """
@@ -109,7 +110,7 @@ def _mark_known_failures(items: list[pytest.Item]) -> None:
         url = str(callspec.params.get("broker_url", "")) if callspec is not None else ""
         scheme = url.partition("://")[0]
         for strict, rule_scheme, part, why in rules:
-            if rule_scheme == scheme and part in item.nodeid:
+            if rule_scheme == scheme and all(piece in item.nodeid for piece in part.split("*")):
                 item.add_marker(pytest.mark.xfail(strict=strict, reason=f"known defect: {why}"))
 
 

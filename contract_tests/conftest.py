@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
@@ -100,7 +101,7 @@ def _mark_known_failures(items: list[pytest.Item]) -> None:
     if not path:
         return
     rules = []
-    for line in open(path, encoding="utf-8").read().splitlines():
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
         fields = line.split("#", 1)[0].split()
         if fields:
             mode, scheme, part = fields

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from pathlib import Path
 from typing import Any
 
 import pytest

@@ -7,7 +7,10 @@ dead letters and always moves the one that died first; after each move it takes 
 became due (the next of that message's fifo_group), so a group's next message competes
 with the rest as soon as it can. What is left in the window when the move ends is given
 back (``release``); a window entry held longer than ``_HOLD`` is given back and fetched
-again, so no lease runs out under a long redrive.
+again, so no lease runs out under a long redrive. Filling the window waits up to
+``_SETTLE`` for more after a receive that brought some (a backend may hand out its
+streams or partitions in turns), and after moving a grouped message for its group's
+next: a redrive costs up to about 0.2 s per fifo_group on top of its moves.
 
 Each message is republished (without its dedup id, which would suppress it, and with
 the fifo_group it died with), then acked in the DLQ: a crash in between leaves a copy
@@ -30,6 +33,8 @@ _HOLD = LEASE / 3
 """Longest a dead letter stays in the window before it is given back and fetched anew."""
 WINDOW = 100
 """Dead letters leased at once while choosing the oldest."""
+_SETTLE = 0.2
+"""After a receive that brought some, how long to wait for more before choosing."""
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
 
@@ -49,14 +54,18 @@ async def redrive(
     moved = 0
 
     async def take_in(wait: float) -> None:
+        """Fill the window: wait up to ``wait`` for the first, then take in what follows
+        within ``_SETTLE`` (a backend may hand out its streams or partitions in turns)."""
         nonlocal order
-        room = WINDOW - len(window)
-        if room <= 0:
-            return
-        now = time.monotonic()
-        for delivery in await receiver.receive(room, wait):
-            window.append((_died_at(delivery), order, now, delivery))
-            order += 1
+        while len(window) < WINDOW:
+            now = time.monotonic()
+            got = await receiver.receive(WINDOW - len(window), wait)
+            for delivery in got:
+                window.append((_died_at(delivery), order, now, delivery))
+                order += 1
+            if not got:
+                return
+            wait = _SETTLE if wait > 0 else 0.0
 
     try:
         await take_in(first_wait)
@@ -77,7 +86,8 @@ async def redrive(
             moved += 1
             if limit is not None and moved >= limit:
                 break
-            await take_in(0.0)  # what became due: that group's next, at once
+            # an ungrouped move makes nothing due; a grouped one makes its group's next due
+            await take_in(_SETTLE if fifo_group is not None else 0.0)
             if not window:
                 await take_in(first_wait)
         if window:

@@ -38,9 +38,9 @@ def _redact(url: str, text: str) -> str:
     return brokerkit.BrokerURL.parse(url).redact(text)
 
 
-def cli(url: str, *args: str) -> str:
-    """Run ``python -m brokerkit ARGS`` (the URL first) from the repository root."""
-    done = subprocess.run(
+def _run(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m brokerkit ARGS`` (the URL first) from the repository root."""
+    return subprocess.run(
         [sys.executable, "-m", "brokerkit", args[0], url, *args[1:]],
         cwd=ROOT,
         capture_output=True,
@@ -48,20 +48,18 @@ def cli(url: str, *args: str) -> str:
         timeout=120,
         env={**os.environ, "BROKERKIT_URL": ""},
     )
+
+
+def cli(url: str, *args: str) -> str:
+    """A command that must succeed; its standard output."""
+    done = _run(url, *args)
     assert done.returncode == 0, _redact(url, f"{args}: {done.stdout}\n{done.stderr}")
     return done.stdout
 
 
 def cli_refuses(url: str, *args: str) -> str:
-    """Run a command that must fail with a clear message (exit 1, no traceback)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "brokerkit", args[0], url, *args[1:]],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "BROKERKIT_URL": ""},
-    )
+    """A command that must fail with a clear message (exit 1, no traceback)."""
+    done = _run(url, *args)
     assert done.returncode == 1, _redact(url, f"{args}: {done.stdout}\n{done.stderr}")
     assert "Traceback" not in done.stderr, _redact(url, done.stderr)
     return done.stderr

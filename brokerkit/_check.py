@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any
 
 from brokerkit._check_faults import FaultCollector
 from brokerkit._errors import ConfigError
+from brokerkit._preflight import preflight
 from brokerkit._redact import RedactingStream
 from brokerkit._url import BrokerURL
 
@@ -115,6 +117,28 @@ def _verbose(pytest_args: list[str] | None) -> bool:
     )
 
 
+def unreachable_summary(
+    url: BrokerURL, backend: str, behaviours: tuple[str, ...], faults: tuple[str, ...], cause: str
+) -> dict[str, Any]:
+    """The result object when the connect pre-flight failed: connect "fail", the rest "not run".
+
+    The shape of CONTRACT.md section 9, with ``"error"`` (the redacted cause) beside it.
+    """
+    results = {b: FAIL if b == "connect" else NOT_RUN for b in (*behaviours, *faults)}
+    return {
+        "url": url.redacted(),
+        "backend": backend,
+        "results": results,
+        "passed": 0,
+        "failed": 1,
+        "not_run": len(results) - 1,
+        "unsupported": {},
+        "ok": False,
+        "faults": {f: {"result": NOT_RUN, "reason": "the broker was unreachable"} for f in faults},
+        "error": cause,
+    }
+
+
 def run_check(
     url: str, *, pytest_args: list[str] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -131,8 +155,15 @@ def run_check(
     from brokerkit._registry import backend_class
 
     backend = backend_class(parsed.scheme)
+    backend_name = f"{backend.__module__}.{backend.__qualname__}"
     suite = Path(contract_tests.__file__).parent
     fault_behaviours = tuple(getattr(contract_tests, "FAULT_BEHAVIOURS", ()))
+    cause = asyncio.run(preflight(url))
+    if cause is not None:
+        summary = unreachable_summary(
+            parsed, backend_name, tuple(contract_tests.BEHAVIOURS), fault_behaviours, cause
+        )
+        return summary, [f"connect: {cause}"]
     collector = _Collector(ignore=fault_behaviours)
     faults = FaultCollector(fault_behaviours)
     args = [
@@ -175,7 +206,7 @@ def run_check(
     ok = ok and FAIL not in fault_results.values()
     summary = {
         "url": parsed.redacted(),
-        "backend": f"{backend.__module__}.{backend.__qualname__}",
+        "backend": backend_name,
         "results": results,
         "passed": sum(1 for r in results.values() if r == PASS),
         "failed": sum(1 for r in results.values() if r == FAIL),

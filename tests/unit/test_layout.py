@@ -3,7 +3,7 @@
 Every import counts: module level, inside functions, under ``TYPE_CHECKING``. The layers,
 top to bottom (each may import only from layers below it, and from itself):
 
-* tools: ``_cli``, ``_check``, ``_demo``, ``_bench`` (the ``brokerkit`` command);
+* tools: ``_cli``, ``_check``, ``_preflight``, ``_demo``, ``_bench`` (the ``brokerkit`` command);
 * service: ``brokerkit`` itself, the App and what is built on it (``_app``, ``_worker``,
   ``_runner``, ``_policy``, ``_middleware``, ``metrics``, ``tracing``, ``testing``,
   ``_sync``): users of the facade, like any application, and never of a backend;
@@ -33,6 +33,7 @@ TOOLS = {
     "brokerkit._ops_cli",
     "brokerkit._run_cli",
     "brokerkit._guard",
+    "brokerkit._preflight",
     "brokerkit.__main__",
 }
 SERVICE = {"brokerkit"} | {

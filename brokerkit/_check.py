@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerkit._check_faults import FaultCollector
+from brokerkit._check_progress import Progress
 from brokerkit._errors import ConfigError
 from brokerkit._preflight import preflight
 from brokerkit._redact import RedactingStream
@@ -166,6 +167,11 @@ def run_check(
         return summary, [f"connect: {cause}"]
     collector = _Collector(ignore=fault_behaviours)
     faults = FaultCollector(fault_behaviours)
+    verbose = _verbose(pytest_args)
+    plugins: list[Any] = [collector, faults]
+    progress = None if verbose else Progress(sys.stderr, secrets=parsed.secrets())
+    if progress is not None:  # -v: pytest's own per-test lines instead
+        plugins.append(progress)
     args = [
         str(suite),
         "-c",
@@ -174,7 +180,7 @@ def run_check(
         str(suite),
         "-p",
         "no:cacheprovider",
-        *([] if _verbose(pytest_args) else ["-q"]),  # -q would cancel a -v given after --
+        *([] if verbose else ["-q", "-o", "console_output_style=classic"]),  # no dots, no [%]
         "--run-slow",
         "--no-env-urls",  # check URL checks URL alone, whatever BROKERKIT_URLS says
         "--broker-url",
@@ -184,8 +190,10 @@ def run_check(
     output = RedactingStream(sys.stderr, parsed.secrets())  # the suite redacts its reports;
     with contextlib.redirect_stdout(output):  # this catches whatever else pytest prints
         try:
-            exit_code = pytest.main(args, plugins=[collector, faults])
+            exit_code = pytest.main(args, plugins=plugins)
         finally:
+            if progress is not None:
+                progress.stop()
             output.flush()
     results: dict[str, str] = {}
     lacking: dict[str, list[str]] = {}

@@ -1,0 +1,116 @@
+"""``brokerkit check``'s progress on stderr: which behaviour is running, how many tests are done.
+
+A pytest plugin object. It replaces pytest's progress letters (the dots) with:
+
+* on a terminal, a ``rich`` progress bar (when rich is installed: the ``check`` extra)
+  naming the behaviour and test running, cleared when the run ends;
+* otherwise (a CI log, a pipe, rich missing) one plain line each time the run moves
+  on to another behaviour: ``[ 12/87] nack``.
+
+Every write happens between tests (``pytest_runtest_logstart``/``logfinish``), never
+from a thread, so pytest's output capture, active only inside a test's phases, never
+swallows it. Test ids are redacted before they are shown. Failure reports, the end
+summary and the table on stdout are unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Generator, Iterable
+from typing import IO, Any
+
+import pytest
+
+from brokerkit._redact import redact
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """The progress plugin: give it to ``pytest.main(plugins=[...])``."""
+
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        *,
+        secrets: Iterable[str] = (),
+        fancy: bool | None = None,
+    ) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._secrets = tuple(secrets)
+        if fancy is None:
+            fancy = self._stream.isatty()
+        self._bar: Any = _rich_bar(self._stream) if fancy else None
+        self._task: Any = None
+        self._behaviour_of: dict[str, str] = {}
+        self._total = 0
+        self._done = 0
+        self._current: str | None = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(
+        self, report: Any
+    ) -> Generator[None, tuple[str, str, Any], tuple[str, str, str]]:
+        """Keep each report's category (the summary counts it) but print no letter for it."""
+        status = yield
+        return status[0], "", ""
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        for item in session.items:
+            marker = item.get_closest_marker("behaviour")
+            # a test of no behaviour (e.g. delete_queue) is shown by its own name
+            name = marker.args[0] if marker else getattr(item, "originalname", item.name)
+            self._behaviour_of[item.nodeid] = name
+        self._total = len(session.items)
+        if self._bar is not None:
+            self._bar.start()
+            self._task = self._bar.add_task("check", total=self._total)
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        behaviour = self._behaviour_of.get(nodeid, nodeid)
+        if self._bar is not None:
+            test = redact(nodeid.rpartition("::")[2], self._secrets)
+            self._bar.update(self._task, description=f"{behaviour}: {test}")
+            self._bar.refresh()
+        elif behaviour != self._current:
+            width = len(str(self._total))
+            self._stream.write(f"[{self._done:>{width}}/{self._total}] {behaviour}\n")
+            self._stream.flush()
+        self._current = behaviour
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self._done += 1
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self._done)
+            self._bar.refresh()
+
+    def pytest_sessionfinish(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Clear the bar (idempotent): the run ended or was interrupted."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _rich_bar(stream: IO[str]) -> Any:
+    """A transient rich progress bar on ``stream``, refreshed only when told; None without rich."""
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
+    except ModuleNotFoundError:
+        return None
+    return RichProgress(
+        TextColumn("[bold]check[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}", markup=False),  # test ids hold [brackets]
+        console=Console(file=stream, stderr=True),
+        auto_refresh=False,  # no thread: a write during a test would land in its capture
+        transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    )

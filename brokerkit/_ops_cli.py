@@ -199,9 +199,15 @@ def redrive(args: tuple[str, ...], limit: int | None, yes: bool) -> None:
     if len(rest) != 1:
         raise click.UsageError("redrive [URL] QUEUE")
     queue = rest[0]
-    stats = run(lambda b: b.stats(queue), url)
-    total = stats.dead if limit is None else min(limit, stats.dead or limit)
-    what = "all dead letters" if total is None else f"{total} dead letter(s)"
+    dead = run(lambda b: b.stats(queue), url).dead
+    if dead == 0:  # nothing to move: say so, ask nothing
+        click.echo(f"no dead letters in {queue!r}: nothing to move")
+        return
+    total = dead if limit is None or dead is None else min(limit, dead)
+    if total is not None:
+        what = f"{total} dead letter(s)"
+    else:  # the broker cannot count its DLQ
+        what = "all dead letters" if limit is None else f"up to {limit} dead letter(s)"
     if not yes and not click.confirm(f"move {what} of {queue!r} back to the queue?"):
         raise click.Abort
 

@@ -74,3 +74,23 @@ def test_bench_refuses_numbers_that_cannot_measure_anything() -> None:
 def test_bench_reports_spread() -> None:
     out = cli("bench", URL, "--messages", "200", "--rounds", "2", "--concurrency", "10")
     assert "min" in out and "max" in out and "publish x10" in out
+
+
+def test_redrive_of_an_empty_dlq_announces_nothing_to_move_and_asks_nothing() -> None:
+    for extra in ([], ["--limit", "5"]):
+        result = CliRunner().invoke(main, ["redrive", URL, "empty-dlq-q", *extra], input="n\n")
+        assert result.exit_code == 0, result.output
+        assert "no dead letters" in result.output and "5 dead letter" not in result.output
+        assert "[y/N]" not in result.output
+
+
+def test_redrive_announces_the_count_it_will_move() -> None:
+    queue = "count-dlq-q"
+    for n in range(3):
+        cli("publish", URL, queue, f"m{n}")
+        asyncio.run(_dead_letter_one(queue))
+    result = CliRunner().invoke(main, ["redrive", URL, queue, "--limit", "5"], input="n\n")
+    assert "move 3 dead letter(s)" in result.output and result.exit_code == 1
+    result = CliRunner().invoke(main, ["redrive", URL, queue, "--limit", "2"], input="y\n")
+    assert "move 2 dead letter(s)" in result.output, result.output
+    assert "moved 2 message(s)" in result.output

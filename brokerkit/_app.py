@@ -267,7 +267,7 @@ class App:
     ) -> int:
         """Run until SIGTERM/SIGINT (see ``brokerkit._runner``); returns the exit status.
 
-        ``metrics_port`` serves Prometheus metrics there (needs ``brokerkit[prometheus]``).
+        ``metrics_port`` serves Prometheus metrics there (needs ``brokerkit-mq[prometheus]``).
         """
         if url is not None:
             self.url = url

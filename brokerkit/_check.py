@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from brokerkit._check_faults import FaultCollector
@@ -140,6 +142,20 @@ def unreachable_summary(
     }
 
 
+def suite_package() -> ModuleType:
+    """The contract suite beside this brokerkit: the repository's ``contract_tests/`` in a
+    source checkout (an editable install included), else the installed ``brokerkit_contract``
+    (the wheel maps the folder to that name, so it cannot collide with a user's package)."""
+    source = Path(__file__).resolve().parent.parent / "contract_tests"
+    if (source / "suite.ini").is_file():
+        if str(source.parent) not in sys.path:
+            sys.path.insert(0, str(source.parent))
+        module = importlib.import_module("contract_tests")
+        if Path(str(module.__file__)).resolve().parent == source:
+            return module
+    return importlib.import_module("brokerkit_contract")
+
+
 def run_check(
     url: str, *, pytest_args: list[str] | None = None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -148,16 +164,16 @@ def run_check(
     try:
         import pytest
 
-        import contract_tests
+        contract_tests = suite_package()
     except ModuleNotFoundError as exc:
         raise ConfigError(
-            f"brokerkit check needs {exc.name!r}: pip install 'brokerkit[check]'"
+            f"brokerkit check needs {exc.name!r}: pip install 'brokerkit-mq[check]'"
         ) from None
     from brokerkit._registry import backend_class
 
     backend = backend_class(parsed.scheme)
     backend_name = f"{backend.__module__}.{backend.__qualname__}"
-    suite = Path(contract_tests.__file__).parent
+    suite = Path(str(contract_tests.__file__)).parent
     fault_behaviours = tuple(getattr(contract_tests, "FAULT_BEHAVIOURS", ()))
     cause = asyncio.run(preflight(url))
     if cause is not None:

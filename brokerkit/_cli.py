@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
+from brokerkit import __version__
 from brokerkit._guard import guarded as _guarded
 from brokerkit._guard import shown as _shown
 from brokerkit._redact import RedactingFormatter
@@ -28,7 +29,7 @@ T = TypeVar("T")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="brokerkit")
+@click.version_option(version=__version__, prog_name="brokerkit")
 @click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),

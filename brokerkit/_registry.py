@@ -46,7 +46,7 @@ def backend_class(scheme: str) -> type[Backend]:
         extra = _BUILTIN.get(scheme, ("", scheme))[1] or scheme
         raise ConfigError(
             f"the {scheme}:// backend needs the {exc.name!r} package: "
-            f"pip install 'brokerkit[{extra}]'"
+            f"pip install 'brokerkit-mq[{extra}]'"
         ) from None
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):

@@ -1,4 +1,4 @@
-"""Prometheus metrics for an App: ``pip install 'brokerkit[prometheus]'``.
+"""Prometheus metrics for an App: ``pip install 'brokerkit-mq[prometheus]'``.
 
 ::
 
@@ -25,7 +25,7 @@ try:
     import prometheus_client
 except ModuleNotFoundError:  # pragma: no cover - depends on the environment
     raise ConfigError(
-        "brokerkit.metrics needs prometheus-client: pip install 'brokerkit[prometheus]'"
+        "brokerkit.metrics needs prometheus-client: pip install 'brokerkit-mq[prometheus]'"
     ) from None
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing for an App: ``pip install 'brokerkit[opentelemetry]'``.
+"""OpenTelemetry tracing for an App: ``pip install 'brokerkit-mq[opentelemetry]'``.
 
 ::
 
@@ -27,7 +27,7 @@ try:
     from opentelemetry import propagate, trace
 except ModuleNotFoundError:  # pragma: no cover - depends on the environment
     raise ConfigError(
-        "brokerkit.tracing needs opentelemetry-api: pip install 'brokerkit[opentelemetry]'"
+        "brokerkit.tracing needs opentelemetry-api: pip install 'brokerkit-mq[opentelemetry]'"
     ) from None
 
 if TYPE_CHECKING:

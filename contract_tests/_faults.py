@@ -120,11 +120,9 @@ def record(request: pytest.FixtureRequest, behaviour: str, figures: dict[str, An
 def child_env(url: object) -> dict[str, str]:
     """Environment for a child process: the real URL in BROKERKIT_CHILD_URL (never on its
     command line, where ``ps`` would show it), and this process's import path."""
-    import contract_tests
-
     roots = [
         str(Path(brokerkit.__file__).resolve().parent.parent),
-        str(Path(contract_tests.__file__).resolve().parent.parent),
+        str(Path(__file__).resolve().parent.parent),  # the suite's own package, by any name
     ]
     old = os.environ.get("PYTHONPATH")
     path = os.pathsep.join(dict.fromkeys([*roots, *([old] if old else [])]))

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 
 import brokerkit
-from contract_tests import UNSUPPORTED
+
+from . import UNSUPPORTED
 
 SCALE = float(os.environ.get("BROKERKIT_TIMEOUT_SCALE", "1"))
 """Multiply every deadline (slow machines, remote brokers)."""

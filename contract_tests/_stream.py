@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import brokerkit
-from contract_tests._helpers import SCALE
+
+from ._helpers import SCALE
 
 PACE = 0.01
 """Seconds between two publishes of the stream (about 100 messages a second)."""

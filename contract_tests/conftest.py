@@ -21,8 +21,9 @@ import pytest
 import pytest_asyncio
 
 import brokerkit
-from contract_tests._faults import add_fault_options
-from contract_tests._helpers import SecretURL, fresh
+
+from ._faults import add_fault_options
+from ._helpers import SecretURL, fresh
 
 Connect = Callable[..., Awaitable[brokerkit.Broker]]
 _Factory = Callable[..., logging.LogRecord]

@@ -8,7 +8,8 @@ import time
 import pytest
 
 import brokerkit
-from contract_tests._helpers import (
+
+from ._helpers import (
     EARLY,
     LATE,
     WAIT,
@@ -21,7 +22,7 @@ from contract_tests._helpers import (
     redelivery_deadline,
     unsupported,
 )
-from contract_tests.conftest import Connect
+from .conftest import Connect
 
 
 @pytest.mark.behaviour("connect")

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 import brokerkit
-from contract_tests._helpers import WAIT, receive_n
+
+from ._helpers import WAIT, receive_n
 
 CONCURRENT = 10_000
 

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 
 import brokerkit
-from contract_tests._helpers import (
+
+from ._helpers import (
     WAIT,
     Child,
     eventually,
@@ -19,7 +20,7 @@ from contract_tests._helpers import (
     receive_n,
     with_param,
 )
-from contract_tests.conftest import Connect
+from .conftest import Connect
 
 
 @pytest.mark.behaviour("dedup")

@@ -11,7 +11,8 @@ from collections.abc import Callable
 import pytest
 
 import brokerkit
-from contract_tests._helpers import nothing_within, receive, receive_n
+
+from ._helpers import nothing_within, receive, receive_n
 
 QUIET = 2.0
 """Long enough for anything the deleted queue still held to show up (it is all ready)."""

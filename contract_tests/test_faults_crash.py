@@ -26,9 +26,10 @@ from typing import Any
 import pytest
 
 import brokerkit
-from contract_tests._faults import NOT_RUN, child_env, in_process, record
-from contract_tests._helpers import SCALE, WAIT, nothing_within, receive
-from contract_tests.conftest import Connect
+
+from ._faults import NOT_RUN, child_env, in_process, record
+from ._helpers import SCALE, WAIT, nothing_within, receive
+from .conftest import Connect
 
 ACK_TIMEOUT = 2.0
 MAX_ATTEMPTS = 3
@@ -62,7 +63,7 @@ class Pool:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "contract_tests._crash_child",
+            f"{__package__}._crash_child",  # contract_tests, or brokerkit_contract installed
             json.dumps(self.settings),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

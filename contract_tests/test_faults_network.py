@@ -27,11 +27,12 @@ import time
 import pytest
 
 import brokerkit
-from contract_tests._faults import NOT_RUN, in_process, real_url, record
-from contract_tests._helpers import SCALE, WAIT, SecretURL, eventually
-from contract_tests._proxy import through_proxy
-from contract_tests._stream import AFTER_RECOVERY, PACE, Stream, violations
-from contract_tests.conftest import Connect
+
+from ._faults import NOT_RUN, in_process, real_url, record
+from ._helpers import SCALE, WAIT, SecretURL, eventually
+from ._proxy import through_proxy
+from ._stream import AFTER_RECOVERY, PACE, Stream, violations
+from .conftest import Connect
 
 ACK_TIMEOUT = 5.0
 BEFORE = 30

@@ -20,10 +20,10 @@ import time
 
 import pytest
 
-from contract_tests._faults import NOT_RUN, in_process, record, run_hook, secrets_of
-from contract_tests._helpers import SCALE, WAIT, eventually
-from contract_tests._stream import AFTER_RECOVERY, KILL_GRACE, Stream, violations
-from contract_tests.conftest import Connect
+from ._faults import NOT_RUN, in_process, record, run_hook, secrets_of
+from ._helpers import SCALE, WAIT, eventually
+from ._stream import AFTER_RECOVERY, KILL_GRACE, Stream, violations
+from .conftest import Connect
 
 ACK_TIMEOUT = 5.0
 BEFORE = 50

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import pytest
 
 import brokerkit
-from contract_tests._faults import record
-from contract_tests._helpers import SCALE, eventually, nothing_within, receive
-from contract_tests.conftest import Connect
+
+from ._faults import record
+from ._helpers import SCALE, eventually, nothing_within, receive
+from .conftest import Connect
 
 SHORT = (3_000, 20)
 LONG = (50_000, 50)

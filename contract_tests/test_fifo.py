@@ -11,8 +11,9 @@ from collections import defaultdict
 import pytest
 
 import brokerkit
-from contract_tests._helpers import EARLY, SCALE, WAIT, receive, receive_n
-from contract_tests.conftest import Connect
+
+from ._helpers import EARLY, SCALE, WAIT, receive, receive_n
+from .conftest import Connect
 
 GROUPS = ("cust.1", "a*b>", "x/y:z", "plain")
 

@@ -13,7 +13,8 @@ import random
 import pytest
 
 import brokerkit
-from contract_tests._helpers import WAIT
+
+from ._helpers import WAIT
 
 BACKLOG = 3_000
 

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import brokerkit
-from contract_tests._helpers import (
+
+from ._helpers import (
     EARLY,
     WAIT,
     Child,
@@ -21,7 +22,7 @@ from contract_tests._helpers import (
     receive_n,
     redelivery_deadline,
 )
-from contract_tests.conftest import Connect
+from .conftest import Connect
 
 
 async def _first_of(

@@ -12,7 +12,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import brokerkit
-from contract_tests._helpers import (
+
+from ._helpers import (
     WAIT,
     SecretURL,
     eventually,

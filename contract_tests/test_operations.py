@@ -14,7 +14,8 @@ import asyncio
 import pytest
 
 import brokerkit
-from contract_tests._helpers import WAIT, eventually, receive
+
+from ._helpers import WAIT, eventually, receive
 
 HEADERS = {"k": "v", "Mixed-Case": "é ü\t"}
 APART = 0.003

@@ -25,7 +25,8 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
 )
-from contract_tests._helpers import (
+
+from ._helpers import (
     WAIT,
     absence_window,
     eventually,

@@ -292,7 +292,7 @@ class KafkaNode:
 @pytest_asyncio.fixture
 async def kafka_node(tmp_path: Path) -> AsyncIterator[KafkaNode]:
     if confluent_kafka is None:
-        pytest.fail("confluent-kafka is not installed (pip install 'brokerkit[kafka]')")
+        pytest.fail("confluent-kafka is not installed (pip install 'brokerkit-mq[kafka]')")
     java = await asyncio.to_thread(_java)
     if java is None:
         pytest.fail("no java >= 17 (Kafka 4 needs it; see scripts/services)", pytrace=False)

@@ -95,7 +95,7 @@ def nats_server(tmp_path: Path) -> Iterator[NatsProcess]:
     try:
         import nats  # noqa: F401  (the backend's driver)
     except ModuleNotFoundError:
-        pytest.fail("nats-py is not installed (pip install 'brokerkit[nats]')", pytrace=False)
+        pytest.fail("nats-py is not installed (pip install 'brokerkit-mq[nats]')", pytrace=False)
     binary = required(NATS_SERVER, "no nats-server (scripts/services up nats installs it)")
     server = NatsProcess(binary, tmp_path)
     try:

@@ -22,7 +22,7 @@ import pytest_asyncio
 
 import brokerkit
 
-pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit[rabbitmq])")
+pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit-mq[rabbitmq])")
 
 URL = os.environ.get("BROKERKIT_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 

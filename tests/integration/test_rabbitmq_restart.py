@@ -32,7 +32,7 @@ import pytest_asyncio
 
 import brokerkit
 
-pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit[rabbitmq])")
+pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit-mq[rabbitmq])")
 
 from _rabbit_node import RABBIT_BIN, RabbitNode
 

@@ -19,7 +19,7 @@ import pytest_asyncio
 
 import brokerkit
 
-boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (pip install brokerkit[sqs])")
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
 from brokerkit.backends.sqs import SqsBackend  # noqa: E402
 

@@ -1,0 +1,60 @@
+"""The distribution: its name is free on PyPI, it ships every package, and no generic one.
+
+``brokerkit`` on PyPI is another project, so the distribution is ``brokerkit-mq`` (the
+import name stays ``brokerkit``). The contract suite, the repository's ``contract_tests/``,
+installs as ``brokerkit_contract``: a top-level ``contract_tests`` would collide.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SETUPTOOLS = PROJECT["tool"]["setuptools"]
+
+
+def test_the_distribution_is_brokerkit_mq_and_its_extras_name_it() -> None:
+    assert PROJECT["project"]["name"] == "brokerkit-mq"
+    for extra, needs in PROJECT["project"]["optional-dependencies"].items():
+        own = [n for n in needs if n.startswith("brokerkit")]
+        assert all(n.startswith("brokerkit-mq[") for n in own), (extra, own)
+    assert PROJECT["project"]["scripts"] == {"brokerkit": "brokerkit._cli:main"}
+
+
+def test_every_package_under_brokerkit_ships() -> None:
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "brokerkit").rglob("__init__.py")
+    }
+    assert found <= set(SETUPTOOLS["packages"]), found - set(SETUPTOOLS["packages"])
+
+
+def test_the_suite_ships_as_brokerkit_contract_not_contract_tests() -> None:
+    assert SETUPTOOLS["package-dir"] == {"brokerkit_contract": "contract_tests"}
+    assert "brokerkit_contract" in SETUPTOOLS["packages"]
+    assert not [p for p in SETUPTOOLS["packages"] if p.split(".")[0] == "contract_tests"]
+    data = PROJECT["tool"]["setuptools"]["package-data"]["brokerkit_contract"]
+    assert all((ROOT / "contract_tests" / f).is_file() for f in data)
+
+
+def test_the_suite_imports_itself_relatively_so_either_name_works() -> None:
+    for path in (ROOT / "contract_tests").glob("*.py"):
+        for line in path.read_text().splitlines():
+            assert not line.startswith(("from contract_tests", "import contract_tests")), (
+                path.name,
+                line,
+            )
+
+
+def test_the_documented_install_names_the_distribution() -> None:
+    for doc in ("README.md", "docs/index.md"):
+        text = (ROOT / doc).read_text()
+        assert "pip install 'brokerkit-mq[redis]'" in text, doc
+    for path in [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "brokerkit").rglob("*.py"),
+    ]:
+        assert "'brokerkit[" not in path.read_text(), path

@@ -19,6 +19,7 @@ import time
 import uuid
 
 import nats
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
@@ -60,6 +61,30 @@ async def raw_consume(
     return (count - 1) / (time.perf_counter() - started)
 
 
+async def raw_connect(url: str) -> NATS:
+    """A nats-py connection to ``url``'s servers (and user/password)."""
+    parsed = brokerkit.BrokerURL.parse(url)
+    servers = [f"{parsed.scheme}://{h}" for h in parsed.hosts] or ["nats://127.0.0.1:4222"]
+    auth = {"user": parsed.username, "password": parsed.password} if parsed.password else {}
+    return await nats.connect(servers=servers, **auth)
+
+
+async def raw_round(url: str, messages: int, size: int, batch: int) -> dict[str, float]:
+    """One raw round on a fresh stream, deleted after: what ``brokerkit bench --raw`` shows."""
+    nc = await raw_connect(url)
+    js = nc.jetstream()
+    tag = uuid.uuid4().hex[:12]
+    stream, subject = f"benchraw_{tag}", f"benchraw.{tag}"
+    try:
+        await js.add_stream(StreamConfig(name=stream, subjects=[subject]))
+        publish = await raw_publish(js, subject, messages, b"x" * size, batch)
+        consume = await raw_consume(js, stream, subject, messages, batch)
+        await js.delete_stream(stream)
+    finally:
+        await nc.close()
+    return {"publish": publish, "consume+ack": consume}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--url", default="nats://127.0.0.1:4222")
@@ -69,10 +94,7 @@ async def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     args = parser.parse_args()
     body = b"x" * args.size
-    parsed = brokerkit.BrokerURL.parse(args.url)
-    servers = [f"{parsed.scheme}://{h}" for h in parsed.hosts] or ["nats://127.0.0.1:4222"]
-    auth = {"user": parsed.username, "password": parsed.password} if parsed.password else {}
-    nc = await nats.connect(servers=servers, **auth)
+    nc = await raw_connect(args.url)
     js = nc.jetstream()
     rates: dict[str, list[float]] = {k: [] for k in ("raw_pub", "bk_pub", "raw_con", "bk_con")}
     async with brokerkit.connect(args.url) as broker:

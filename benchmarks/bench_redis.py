@@ -55,6 +55,31 @@ async def raw_consume(r: aioredis.Redis, stream: str, count: int, batch: int) ->
     return (count - 1) / (time.perf_counter() - started)
 
 
+def raw_client(url: str) -> aioredis.Redis:
+    """A redis-py client on ``url``'s host, database and password."""
+    parsed = brokerkit.BrokerURL.parse(url)
+    host = parsed.hosts[0] if parsed.hosts else brokerkit.BrokerURL.parse("redis://h").hosts[0]
+    return aioredis.Redis(
+        host=host.host,
+        port=host.port or 6379,
+        db=int(parsed.path.strip("/") or 0),
+        password=parsed.password,
+    )
+
+
+async def raw_round(url: str, messages: int, size: int, batch: int) -> dict[str, float]:
+    """One raw round on a fresh stream, deleted after: what ``brokerkit bench --raw`` shows."""
+    raw = raw_client(url)
+    stream = f"bench-raw-{uuid.uuid4().hex[:12]}"
+    try:
+        publish = await raw_publish(raw, stream, messages, b"x" * size, batch)
+        consume = await raw_consume(raw, stream, messages, batch)
+    finally:
+        await raw.delete(stream)
+        await raw.aclose()
+    return {"publish": publish, "consume+ack": consume}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="redis://127.0.0.1:6379/0")
@@ -64,14 +89,7 @@ async def main() -> None:
     parser.add_argument("--batch", type=int, default=500)
     args = parser.parse_args()
     body = b"x" * args.size
-    parsed = brokerkit.BrokerURL.parse(args.url)
-    host = parsed.hosts[0] if parsed.hosts else brokerkit.BrokerURL.parse("redis://h").hosts[0]
-    raw = aioredis.Redis(
-        host=host.host,
-        port=host.port or 6379,
-        db=int(parsed.path.strip("/") or 0),
-        password=parsed.password,
-    )
+    raw = raw_client(args.url)
     rates: dict[str, list[float]] = {k: [] for k in ("raw_pub", "bk_pub", "raw_con", "bk_con")}
     async with brokerkit.connect(args.url) as broker:
         for round_no in range(args.rounds):

@@ -15,6 +15,10 @@ import uuid
 from dataclasses import dataclass, field
 
 import brokerkit
+from brokerkit._bench_raw import RawRound
+
+RAW_BATCH = 500
+"""The raw client's batch: the size of brokerkit's ``publish_many`` batches here."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,8 @@ class BenchResult:
     consume: list[float]
     concurrent: list[float] = field(default_factory=list)
     """Single publishes from ``concurrency`` tasks at once (empty unless asked for)."""
+    raw: dict[str, list[float]] = field(default_factory=dict)
+    """The raw client's series by name (``publish``, ``consume+ack``), when asked for."""
 
     @property
     def publish_median(self) -> float:
@@ -96,14 +102,20 @@ async def run_bench(
     rounds: int = 3,
     prefetch: int = 500,
     concurrency: int = 0,
+    raw: RawRound | None = None,
 ) -> BenchResult:
-    """``concurrency`` > 0 also measures that many single-publish callers at once."""
+    """``concurrency`` > 0 also measures that many single-publish callers at once; ``raw``
+    (a benchmark script's ``raw_round``) runs one raw-client round before each of ours."""
     body = b"x" * size
     publish: list[float] = []
     consume: list[float] = []
     concurrent: list[float] = []
+    raw_series: dict[str, list[float]] = {}
     async with brokerkit.connect(url) as broker:
         for _ in range(rounds):
+            if raw is not None:  # interleaved: both sides see the same machine load
+                for name, rate in (await raw(url, messages, size, RAW_BATCH)).items():
+                    raw_series.setdefault(name, []).append(rate)
             queue = f"bench-{uuid.uuid4().hex[:12]}"
             publish.append(await publish_rate(broker, queue, messages, body))
             if concurrency:
@@ -117,7 +129,7 @@ async def run_bench(
             consume.append(await consume_rate(broker, queue, total, prefetch))
             with contextlib.suppress(brokerkit.UnsupportedFeature):
                 await broker.delete_queue(queue)  # leave the broker as we found it
-    return BenchResult(publish, consume, concurrent)
+    return BenchResult(publish, consume, concurrent, raw_series)
 
 
 def round_line(round_no: int, rates: dict[str, list[float]]) -> str:

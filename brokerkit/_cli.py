@@ -21,6 +21,7 @@ from brokerkit import __version__
 from brokerkit._guard import guarded as _guarded
 from brokerkit._guard import shown as _shown
 from brokerkit._redact import RedactingFormatter
+from brokerkit._url import BrokerURL
 
 DEFAULT_URL = "memory://"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -194,13 +195,24 @@ def check(
     type=click.IntRange(min=0),
     help="Also measure single publish() calls from this many tasks at once.",
 )
-def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concurrency: int) -> None:
-    """Measure brokerkit publish and consume+ack throughput on URL (msgs/s, medians).
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="Also measure the raw client library, interleaved, from the backend's script in "
+    "the repository's benchmarks/ (a checkout), and print it beside brokerkit's.",
+)
+def bench(
+    url: str, messages: int, size: int, rounds: int, prefetch: int, concurrency: int, raw: bool
+) -> None:
+    """Measure brokerkit publish and consume+ack throughput on URL (msgs/s; median, min, max).
 
-    The raw client library's numbers, measured in the same run, come from the
-    per-backend scripts in the repository's benchmarks/ folder.
+    With --raw the raw client library's figures, measured in the same run (one raw round
+    before each of brokerkit's), are printed beside them, with the ratio of the medians.
     """
     from brokerkit._bench import run_bench
+    from brokerkit._bench_raw import raw_round
+
+    raw_bench = _guarded(url, lambda: raw_round(BrokerURL.parse(url).scheme)) if raw else None
 
     result = _guarded(
         url,
@@ -212,6 +224,7 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
                 rounds=rounds,
                 prefetch=prefetch,
                 concurrency=concurrency,
+                raw=raw_bench,
             )
         ),
     )
@@ -220,13 +233,21 @@ def bench(url: str, messages: int, size: int, rounds: int, prefetch: int, concur
     if result.concurrent:
         series[f"publish x{concurrency}"] = result.concurrent
     for name, values in series.items():
-        click.echo(
-            f"  {name:<14} median {statistics.median(values):>10,.0f}"
-            f"  min {min(values):>10,.0f}  max {max(values):>10,.0f}"
-        )
+        click.echo(f"  {name:<20} {_spread(values)}")
+        raw_values = result.raw.get(name)
+        if raw_values:
+            ratio = statistics.median(values) / statistics.median(raw_values)
+            click.echo(f"  {name + ' (raw)':<20} {_spread(raw_values)}  brokerkit/raw {ratio:.2f}")
     if result.concurrent:
         ratio = statistics.median(result.concurrent) / result.publish_median
         click.echo(f"  ratio publish x{concurrency} / publish_many  {ratio:.2f}")
+
+
+def _spread(values: list[float]) -> str:
+    return (
+        f"median {statistics.median(values):>10,.0f}"
+        f"  min {min(values):>10,.0f}  max {max(values):>10,.0f}"
+    )
 
 
 def _add_operator_commands() -> None:

@@ -137,3 +137,12 @@ def test_publish_peek_dead_letter_dlq_redrive_stats(url: str) -> None:
             assert (back["body"], back["headers"]) == ({"text": "hello"}, {"k": "v"})
     finally:
         asyncio.run(_delete(url, queue))
+
+
+@pytest.mark.parametrize("url", [u for u in URLS if u.startswith(("redis", "nats"))])
+def test_bench_raw_prints_the_raw_clients_figures_beside_brokerkits(url: str) -> None:
+    out = cli(url, "bench", "--messages", "300", "--rounds", "2", "--raw")
+    for series in ("publish", "consume+ack"):
+        [ours] = [line for line in out.splitlines() if line.split()[:2] == [series, "median"]]
+        [raw] = [line for line in out.splitlines() if line.split()[:2] == [series, "(raw)"]]
+        assert "min" in ours and "max" in ours and "brokerkit/raw" in raw, out

@@ -94,3 +94,21 @@ def test_redrive_announces_the_count_it_will_move() -> None:
     result = CliRunner().invoke(main, ["redrive", URL, queue, "--limit", "2"], input="y\n")
     assert "move 2 dead letter(s)" in result.output, result.output
     assert "moved 2 message(s)" in result.output
+
+
+def test_bench_raw_without_a_raw_benchmark_is_a_clear_error_before_measuring() -> None:
+    result = CliRunner().invoke(main, ["bench", URL, "--messages", "200", "--raw"])
+    assert result.exit_code == 1 and "--raw: no raw-client benchmark for memory://" in result.output
+    assert "Traceback" not in result.output and "publish" not in result.output
+
+
+def test_every_raw_benchmark_script_named_exists() -> None:
+    from brokerkit._bench_raw import BENCHMARKS, SCRIPTS
+
+    assert all((BENCHMARKS / f"{name}.py").is_file() for name in SCRIPTS.values())
+
+
+def test_bench_refuses_a_zero_prefetch_and_negative_concurrency() -> None:
+    for args in (["--prefetch", "0"], ["--concurrency", "-1"]):
+        result = CliRunner().invoke(main, ["bench", URL, *args])
+        assert result.exit_code == 2 and "Invalid value" in result.output, args

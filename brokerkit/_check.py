@@ -12,7 +12,6 @@ from types import ModuleType
 from typing import Any
 
 from brokerkit._check_faults import FaultCollector
-from brokerkit._check_progress import Progress
 from brokerkit._errors import ConfigError
 from brokerkit._preflight import preflight
 from brokerkit._redact import RedactingStream
@@ -169,6 +168,7 @@ def run_check(
         raise ConfigError(
             f"brokerkit check needs {exc.name!r}: pip install 'brokerkit-mq[check]'"
         ) from None
+    from brokerkit._check_progress import Progress  # a pytest plugin: imports pytest
     from brokerkit._registry import backend_class
 
     backend = backend_class(parsed.scheme)

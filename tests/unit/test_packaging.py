@@ -58,3 +58,18 @@ def test_the_documented_install_names_the_distribution() -> None:
         *(ROOT / "brokerkit").rglob("*.py"),
     ]:
         assert "'brokerkit[" not in path.read_text(), path
+
+
+def test_check_without_pytest_says_which_extra_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['pytest'] = None\n"  # as if the check extra were missing
+        "from brokerkit._cli import main; main(['check', 'memory://'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'brokerkit-mq[check]'" in done.stderr and "Traceback" not in done.stderr

@@ -180,7 +180,7 @@ def run_check(
         summary = unreachable_summary(
             parsed, backend_name, tuple(contract_tests.BEHAVIOURS), fault_behaviours, cause
         )
-        return summary, [f"connect: {cause}"]
+        return summary, []  # the cause is summary["error"]
     collector = _Collector(ignore=fault_behaviours)
     faults = FaultCollector(fault_behaviours)
     verbose = _verbose(pytest_args)
@@ -196,7 +196,7 @@ def run_check(
         str(suite),
         "-p",
         "no:cacheprovider",
-        *([] if verbose else ["-q", "-o", "console_output_style=classic"]),  # no dots, no [%]
+        *([] if verbose else ["-q"]),  # -q would cancel a -v given after --
         "--run-slow",
         "--no-env-urls",  # check URL checks URL alone, whatever BROKERKIT_URLS says
         "--broker-url",

@@ -46,14 +46,21 @@ class Progress:
         self._total = 0
         self._done = 0
         self._current: str | None = None
+        self._passive = False
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(
         self, report: Any
-    ) -> Generator[None, tuple[str, str, Any], tuple[str, str, str]]:
+    ) -> Generator[None, tuple[str, str, Any], tuple[str, str, Any]]:
         """Keep each report's category (the summary counts it) but print no letter for it."""
         status = yield
-        return status[0], "", ""
+        return status if self._passive else (status[0], "", "")
+
+    def pytest_configure(self, config: Any) -> None:
+        """Verbose (``-v``, also from PYTEST_ADDOPTS): pytest's own per-test lines instead."""
+        self._passive = config.option.verbose > 0
+        if self._passive:
+            self.stop()
 
     def pytest_collection_finish(self, session: Any) -> None:
         for item in session.items:
@@ -62,11 +69,13 @@ class Progress:
             name = marker.args[0] if marker else getattr(item, "originalname", item.name)
             self._behaviour_of[item.nodeid] = name
         self._total = len(session.items)
-        if self._bar is not None:
+        if self._bar is not None and not self._passive:
             self._bar.start()
             self._task = self._bar.add_task("check", total=self._total)
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self._passive:
+            return
         behaviour = self._behaviour_of.get(nodeid, nodeid)
         if self._bar is not None:
             test = redact(nodeid.rpartition("::")[2], self._secrets)
@@ -79,6 +88,8 @@ class Progress:
         self._current = behaviour
 
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self._passive:
+            return
         self._done += 1
         if self._bar is not None:
             self._bar.update(self._task, completed=self._done)

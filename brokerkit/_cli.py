@@ -143,12 +143,6 @@ def check(
     summary, failures = _guarded(url, lambda: run_check(url, pytest_args=args or None))
     if as_json:
         click.echo(json.dumps(summary, indent=2))
-        if "error" in summary:
-            click.echo(f"cannot run the suite: {summary['error']}", err=True)
-    elif "error" in summary:  # the connect pre-flight failed: nothing ran
-        raise click.ClickException(
-            f"cannot run the suite against {summary['url']}: {summary['error']}"
-        )
     else:
         click.echo(f"\nbrokerkit check {summary['url']}  ({summary['backend']})")
         for behaviour, result in summary["results"].items():
@@ -163,6 +157,8 @@ def check(
         )
         for nodeid in failures:
             click.echo(f"  failed: {nodeid}", err=True)
+    if "error" in summary:  # the connect pre-flight failed: nothing ran
+        click.echo(f"cannot run the suite against {summary['url']}: {summary['error']}", err=True)
     sys.exit(0 if summary["ok"] else 1)
 
 

@@ -70,8 +70,12 @@ async def _probe(address: HostPort) -> str | None:
 
 
 async def preflight(url: str) -> str | None:
-    """None when ``url``'s broker accepts a connection, else the cause, redacted."""
+    """None when ``url``'s broker accepts a connection, else the cause, redacted.
+
+    Raises ConfigError (before any I/O) for a URL its backend refuses.
+    """
     parsed = BrokerURL.parse(url)
+    broker = brokerkit.connect(parsed)  # no I/O: a bad URL is its ConfigError, raised first
     secrets = parsed.secrets()
     targets = addresses(parsed)
     budget = CONNECT_BUDGET
@@ -87,7 +91,7 @@ async def preflight(url: str) -> str | None:
         budget = REACHABLE_BUDGET
     try:
         async with asyncio.timeout(budget):
-            async with brokerkit.connect(url):
+            async with broker:
                 pass
     except TimeoutError:
         where = ", ".join(str(h) for h in parsed.hosts) or parsed.redacted()

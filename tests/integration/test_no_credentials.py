@@ -274,9 +274,22 @@ def _problems(run: Run, expect: str) -> list[str]:
     if expect != "config" and not re.search(r"^DEBUG\s+\S", run.output, re.M):
         return [f"{shown}: no DEBUG log lines in its output" + tail]
     verbose = re.search(r"\b(PASSED|FAILED|ERROR) +\[ *\d+%\]", run.output)
-    if command in ("check", "suite") and expect != "config" and not verbose:
+    # check's connect pre-flight ends a run whose broker refuses (or whose URL its backend
+    # refuses) before the suite starts: no pytest output then (the suite's own output is
+    # still looked at by "suite")
+    preflight = command == "check" and bool(
+        re.search(r"cannot run the suite against|^Error: ConfigError", run.output, re.M)
+    )
+    if preflight and (expect == "works" or run.returncode == 0):
+        return [f"{shown}: the connect pre-flight stopped a run expected to {expect}" + tail]
+    if command in ("check", "suite") and expect != "config" and not verbose and not preflight:
         return [f"{shown}: pytest was not verbose (-vv)" + tail]
-    if command == "check" and expect == "fails" and not re.search(r"broker_url += '", run.output):
+    if (
+        command == "check"
+        and expect == "fails"
+        and not preflight
+        and not re.search(r"broker_url += '", run.output)
+    ):
         return [f"{shown}: no traceback locals (--showlocals) in its output" + tail]
     if expect == "config" and not (run.returncode != 0 and "ConfigError" in run.output):
         return [f"{shown}: expected a ConfigError" + tail]

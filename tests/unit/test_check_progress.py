@@ -22,13 +22,13 @@ SELECT = "test_nack_redelivers or test_dedup_same_id"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}
 
 
-def check(*args: str) -> subprocess.CompletedProcess[str]:
+def check(*args: str, env: dict[str, str] = ENV) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "brokerkit", "check", "memory://", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env=ENV,
+        env=env,
         timeout=300,
     )
 
@@ -87,3 +87,10 @@ def test_a_terminal_gets_the_progress_bar() -> None:
     assert done.returncode == 0, shown
     assert re.search(r"\d+/\d+", shown) and "nack: test_nack_redelivers" in shown, shown
     assert "pass" in done.stdout.decode()
+
+
+def test_verbose_from_pytest_addopts_keeps_pytests_own_lines() -> None:
+    done = check("-k", SELECT, env={**ENV, "PYTEST_ADDOPTS": "-vv"})  # one v is cancelled by -q
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"PASSED +\[ *\d+%\]", done.stderr), done.stderr
+    assert not re.search(r"^\[\s*\d+/\d+\] ", done.stderr, re.M), done.stderr

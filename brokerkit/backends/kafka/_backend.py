@@ -70,7 +70,8 @@ _POLL_EVERY = 64
 """``publish`` serves ready delivery reports on its own thread every this many records."""
 _FLUSH_MIN = 64
 _FLUSH_WAIT = 0.001
-"""A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)``."""
+"""A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)`` when
+no other publish is in flight (see ``publish``)."""
 
 
 class KafkaBackend(Backend):
@@ -99,6 +100,8 @@ class KafkaBackend(Backend):
         )
         self._admin: AdminClient | None = None
         self._producer: Producer | None = None
+        self._awaiting = 0
+        """``publish`` calls waiting for their delivery reports (records in flight)."""
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
         self._topics: dict[str, asyncio.Future[None]] = {}
@@ -339,11 +342,19 @@ class KafkaBackend(Backend):
         finally:
             if produced < len(messages):
                 batch.shrink(produced)
-        if produced >= _FLUSH_MIN:
+        if produced >= _FLUSH_MIN and not self._awaiting:
             producer.flush(_FLUSH_WAIT)  # send now (no linger), serve reports here
         else:
+            # Others in flight: flush would block this loop for _FLUSH_WAIT waiting for
+            # their records too (4 concurrent callers spent ~40 % of their time there),
+            # while the requests in flight keep the producer sending; ours go within
+            # ``linger`` at worst.
             poll(0)
-        await batch.future
+        self._awaiting += 1
+        try:
+            await batch.future
+        finally:
+            self._awaiting -= 1
         return batch.results()
 
     def _topic_known(self, queue: str) -> bool:

@@ -92,7 +92,8 @@ class KafkaBackend(Backend):
             dedup_window=options.dedup_window,
             dedup_window_configurable=True,
             fan_out=True,
-            redelivery_slack=2.5,
+            # a crashed member's partitions move only when the group's session times out
+            redelivery_slack=options.session_timeout,
             ack_flush_interval=0.1,
             browse=True,
             extras={"partitions": options.partitions, "topic_prefix": options.topic_prefix},
@@ -124,11 +125,14 @@ class KafkaBackend(Backend):
         servers = conf.get("bootstrap.servers")
         if not isinstance(servers, str) or not servers:
             raise ConfigError("KafkaBackend.from_client needs 'bootstrap.servers'")
-        if "linger.ms" in conf and "linger" not in options:  # the user's own setting holds
-            try:
-                options["linger"] = float(conf["linger.ms"]) / 1000.0
-            except (TypeError, ValueError) as exc:
-                raise ConfigError("KafkaBackend.from_client: 'linger.ms' must be a number") from exc
+        for setting, option in (("linger.ms", "linger"), ("message.timeout.ms", "publish_timeout")):
+            if setting in conf and option not in options:  # the user's own setting holds
+                try:
+                    options[option] = float(conf[setting]) / 1000.0
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(
+                        f"KafkaBackend.from_client: {setting!r} must be a number"
+                    ) from exc
         try:
             parsed = KafkaOptions.model_validate(options)
         except Exception as exc:

@@ -63,6 +63,10 @@ _partition_of = methodcaller("partition")
 class KafkaReceiver(Receiver[Receipt]):
     """One consumer of a topic in one Kafka consumer group; see the module docstring."""
 
+    release_uncounted = True
+    """``release`` gives the records back with their count lowered again (committed by
+    the next flush), so the core may release what it fetched ahead of a last attempt."""
+
     def __init__(
         self, link: KafkaLink, queue: QueueRef, group: str, settings: ReceiverSettings
     ) -> None:
@@ -167,7 +171,10 @@ class KafkaReceiver(Receiver[Receipt]):
                 if taken[0]:
                     delivered = await self._persist(taken)
             if delivered[0]:
-                if len(delivered[0]) == max_messages:
+                # never behind a redelivery: it may be a poison that kills this process,
+                # and the staged records' counts are committed already (a crash would
+                # count an attempt for each of them that no handler ever saw)
+                if len(delivered[0]) == max_messages and all(r.count == 1 for r in delivered[0]):
                     self._stage_next(max_messages)
                 return self._deliveries(*delivered)
             now = time.monotonic()

@@ -313,6 +313,9 @@ class KafkaReceiver(Receiver[Receipt]):
             )
         except TimeoutError:
             ok = None
+        # the next flush follows with the true state (a commit still on its way, or one
+        # recorded for a record that went out again meanwhile, is overwritten)
+        self._mark_dirty(part)
         if ok and part.key in ok:
             self._contact = time.monotonic()
             try:
@@ -321,9 +324,7 @@ class KafkaReceiver(Receiver[Receipt]):
                 self._schedule.settle(delivery.receipt, now)
             except LeaseExpired:
                 raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
-            self._mark_dirty(part)
             return
-        self._mark_dirty(part)  # a commit still on its way is followed by the true state
         if part.gone or part.revoking:
             raise LeaseExpired(
                 f"message {delivery.id!r}: its partition moved before the ack was recorded"

@@ -31,6 +31,14 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
 
 Prints the median of each and the brokerkit / raw ratios (against raw con). Every run
 deletes the topics and queues it made, so the broker is left as it was found.
+
+Backlog mode (``--backlog 20000,100000,1000000 [--partitions 1] [--take 100000]``): for
+each size one queue is declared and filled up front by a raw producer (outside the
+clock); each run then reads the first ``--take`` messages (at most all) of every
+backlog with a new group, raw (``consume(500)`` + one commit per batch, as raw con)
+and brokerkit (bk con), sizes and contenders interleaved. Prints the medians, each
+bk/raw ratio, and each bk rate against bk's rate at the smallest backlog: consumption
+must not get slower because more is waiting.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 import brokerkit
-from brokerkit._bench import consume_rate, publish_rate, summary
+from brokerkit._bench import consume_rate, drain_rate, publish_rate, summary
 from brokerkit.backends import QueueRef, ReceiverSettings
 
 BODY = b"x" * 100
@@ -83,6 +91,20 @@ def raw_publish(servers: str, topic: str, n: int, *, confirm_every: int | None =
     elapsed = time.perf_counter() - start
     assert done == n
     return n / elapsed
+
+
+def fill(servers: str, topic: str, n: int) -> None:
+    """Produce ``n`` bodies to ``topic`` as fast as possible (not timed)."""
+    producer = Producer({"bootstrap.servers": servers, "linger.ms": 20, "acks": "all"})
+    for _ in range(n):
+        while True:
+            try:
+                producer.produce(topic, BODY)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush()
 
 
 def raw_consume(servers: str, topic: str, n: int, *, store_each: bool = False) -> float:
@@ -131,6 +153,19 @@ async def bk_consume(url: str, queue: str, n: int) -> float:
         return await consume_rate(broker, queue, n + 1, BATCH)  # + the warm-up message
 
 
+async def bk_consume_group(url: str, queue: str, n: int) -> float:
+    """bk con with a new group: the first ``n`` of a queue's backlog."""
+    async with brokerkit.connect(url) as broker:
+        group = f"g{uuid.uuid4().hex[:8]}"
+        async with broker.consumer(queue, group, prefetch=BATCH) as consumer:
+            return await drain_rate(consumer, n)
+
+
+async def declare(url: str, queue: str) -> None:
+    async with brokerkit.connect(url) as broker:
+        await broker.declare(queue)
+
+
 async def bk_receive(url: str, queue: str, n: int) -> float:
     """The backend's receiver alone (see the module docstring), timed from the first batch."""
     async with brokerkit.connect(url) as broker:
@@ -169,8 +204,15 @@ def main() -> None:
     parser.add_argument("--url", default="kafka://127.0.0.1:9092")
     parser.add_argument("-n", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--backlog", help="backlog mode: comma-separated sizes")
+    parser.add_argument("--partitions", type=int, default=1, help="backlog mode")
+    parser.add_argument("--take", type=int, default=100_000, help="backlog mode")
     args = parser.parse_args()
     servers = args.url.removeprefix("kafka://").split("?")[0]
+    if args.backlog:
+        sizes = [int(x) for x in args.backlog.split(",")]
+        backlog_main(args.url, servers, sizes, args.partitions, args.take, args.runs)
+        return
     names = (
         "raw pub",
         "raw pub/batch",
@@ -208,6 +250,34 @@ def main() -> None:
         ("receiver alone", "bk recv", "raw con"),
     ]
     print(summary(rates, ratios, title=f"{args.runs} runs, {args.n} x {len(BODY)} B messages"))
+
+
+def backlog_main(
+    url: str, servers: str, sizes: list[int], partitions: int, take: int, runs: int
+) -> None:
+    """See "Backlog mode" in the module docstring."""
+    sep = "&" if "?" in url else "?"
+    url = f"{url}{sep}partitions={partitions}"
+    queues = {n: f"bench-{uuid.uuid4().hex[:8]}" for n in sizes}
+    for n, queue in queues.items():
+        asyncio.run(declare(url, queue))
+        fill(servers, f"brokerkit.{queue}", n)
+    rates: dict[str, list[float]] = {}
+    try:
+        for _ in range(runs):
+            for n, queue in queues.items():
+                count = min(n, take)
+                topic = f"brokerkit.{queue}"
+                rates.setdefault(f"raw con {n}", []).append(raw_consume(servers, topic, count))
+                rates.setdefault(f"bk con {n}", []).append(
+                    asyncio.run(bk_consume_group(url, queue, count))
+                )
+    finally:
+        asyncio.run(delete_queues(url, list(queues.values())))
+    ratios = [(f"bk/raw {n}", f"bk con {n}", f"raw con {n}") for n in sizes]
+    ratios += [(f"bk {n} / bk {sizes[0]}", f"bk con {n}", f"bk con {sizes[0]}") for n in sizes[1:]]
+    title = f"{runs} runs, backlogs {sizes} on {partitions} partition(s), first {take} read"
+    print(summary(rates, ratios, title=title))
 
 
 if __name__ == "__main__":

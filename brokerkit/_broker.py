@@ -123,14 +123,24 @@ class Broker:
         publish from thousands of tasks at once.
         """
         message = Outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
-        (checked,) = self._checked(queue, (message,))
         coalescer = self._coalescers.get(queue)
-        if coalescer is None:
-            backend = await self._opened_backend()
-            ref = QueueRef(queue)
-            coalescer = self._coalescers.setdefault(
-                queue, PublishCoalescer(lambda batch: backend.publish(ref, batch))
+        if coalescer is not None:  # made for this name once it was checked: a valid name
+            caps = self.capabilities
+            checked = check_outgoing(
+                message,
+                max_bytes=caps.max_message_bytes,
+                max_headers=caps.max_headers,
+                max_header_bytes=caps.max_header_bytes,
             )
+            if self._closed:
+                raise ResourceClosed(f"{self!r} is closed")
+            return await coalescer.publish(checked)
+        (checked,) = self._checked(queue, (message,))
+        backend = await self._opened_backend()
+        ref = QueueRef(queue)
+        coalescer = self._coalescers.setdefault(
+            queue, PublishCoalescer(lambda batch: backend.publish(ref, batch))
+        )
         return await coalescer.publish(checked)
 
     async def publish_many(self, queue: str, messages: Iterable[Outgoing]) -> list[PublishResult]:

@@ -8,7 +8,10 @@ made while earlier ones are in flight are gathered, in call order, into batches 
 ``publish`` (the broker's native pipelining: a Redis pipeline, librdkafka's batching,
 NATS's async publish, confirms in flight on RabbitMQ, SendMessageBatch on SQS).
 
-* A lone caller is not delayed: with nothing in flight its message goes at once.
+* A lone caller is not delayed: with nothing in flight its message goes at once. The
+  callers a finished batch wakes run in one loop turn, and usually publish again at
+  once: until that turn ends none of them takes the lone path (the first one would
+  otherwise go alone, one extra broker call per batch), they are gathered instead.
 * Each caller gets its own result, or the error of the backend call its message was in:
   nothing is reported as published unless the backend call that carried it returned.
 * FIFO order is the order in which awaited publish calls returned: a caller that awaited
@@ -36,6 +39,7 @@ class PublishCoalescer:
     """The publish calls of one queue on one connection (see the module docstring)."""
 
     __slots__ = (
+        "_burst",
         "_in_flight",
         "_max_batch",
         "_max_in_flight",
@@ -54,21 +58,30 @@ class PublishCoalescer:
         self._pending: list[_Waiting] = []
         self._in_flight = 0
         self._scheduled = False
+        self._burst = False
+        """The callers of a finished batch are being woken (until the end of this turn)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def publish(self, message: Outgoing) -> PublishResult:
-        if self._in_flight == 0 and not self._pending:
-            # nothing to gather with: straight to the backend, no extra loop turn
-            self._in_flight += 1
-            try:
-                return (await self._send((message,)))[0]
-            finally:
-                self._in_flight -= 1
-                self._schedule()
+    def publish(self, message: Outgoing) -> Awaitable[PublishResult]:
+        """The awaitable result of publishing ``message`` (not a coroutine: a gathered
+        call's awaitable is its own future, one coroutine frame less per message)."""
+        if self._in_flight == 0 and not self._pending and not self._burst:
+            return self._alone(message)
         future: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
         self._pending.append((message, future))
-        self._schedule()
-        return await future
+        if not self._scheduled and self._in_flight < self._max_in_flight:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        return future
+
+    async def _alone(self, message: Outgoing) -> PublishResult:
+        """Nothing to gather with: straight to the backend, no extra loop turn."""
+        self._in_flight += 1
+        try:
+            return (await self._send((message,)))[0]
+        finally:
+            self._in_flight -= 1
+            self._schedule()
 
     def _schedule(self) -> None:
         if self._pending and not self._scheduled and self._in_flight < self._max_in_flight:
@@ -79,14 +92,19 @@ class PublishCoalescer:
     def _flush(self) -> None:
         self._scheduled = False
         while self._pending and self._in_flight < self._max_in_flight:
-            batch = [(m, f) for m, f in self._pending[: self._max_batch] if not f.cancelled()]
+            batch = self._pending[: self._max_batch]
             del self._pending[: self._max_batch]
-            if not batch:
-                continue
+            if any(f.cancelled() for _, f in batch):
+                batch = [(m, f) for m, f in batch if not f.cancelled()]
+                if not batch:
+                    continue
             self._in_flight += 1
             task = asyncio.ensure_future(self._send_batch(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _end_burst(self) -> None:
+        self._burst = False
 
     async def _send_batch(
         self, batch: list[tuple[Outgoing, asyncio.Future[PublishResult]]]
@@ -106,5 +124,9 @@ class PublishCoalescer:
                 if not future.done():
                     future.set_result(result)
         finally:
+            if len(batch) > 1 and not self._burst:
+                # their wake-ups are queued now: this runs after them
+                self._burst = True
+                asyncio.get_running_loop().call_soon(self._end_burst)
             self._in_flight -= 1
             self._schedule()

@@ -10,18 +10,22 @@ their own connections ack, CMD runs. Then: every publish that returned is acked 
 the end (lost = 0); a publish during the outage returns after recovery or raises
 BrokerUnavailable, never hangs (each call bounded); the consumers' iterators never
 raise; nothing whose ack returned is delivered again outside the ack-coalescing window
-before the kill. Figures: confirmed, delivered, lost, duplicates, recovery time.
+before the kill. Beside the stream, a third consumer holds one message unsettled across
+the restart: its lease (and its attempt count) must survive, so it comes back to that
+consumer with attempt 2 once the lease ends. Figures: confirmed, delivered, lost,
+duplicates, recovery time, and when the held message came back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
 from ._faults import NOT_RUN, in_process, record, run_hook, secrets_of
-from ._helpers import SCALE, WAIT, eventually
+from ._helpers import SCALE, WAIT, eventually, receive
 from ._stream import AFTER_RECOVERY, KILL_GRACE, Stream, violations
 from .conftest import Connect
 
@@ -34,7 +38,12 @@ AFTER = 30
 
 @pytest.mark.behaviour("broker restart")
 async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
-    broker_url: object, connect: Connect, queue: str, group: str, request: pytest.FixtureRequest
+    broker_url: object,
+    connect: Connect,
+    queue: str,
+    group: str,
+    new_queue: Callable[[str | None], str],
+    request: pytest.FixtureRequest,
 ) -> None:
     command = request.config.getoption("--restart-cmd")
     if in_process(broker_url):
@@ -55,6 +64,13 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
     ]
     for consumer in consumers:
         await consumer.open()
+    held_queue = new_queue(None)
+    await producer.publish(held_queue, b"held")
+    holder = (await connect()).consumer(held_queue, group, ack_timeout=ACK_TIMEOUT)
+    await holder.open()
+    held = await receive(holder)  # never settled: its lease must outlive the restart
+    assert (held.body, held.attempt) == (b"held", 1)
+    held_back: float | None = None
     stream = Stream(producer, consumers, queue, bound=timeout + AFTER_RECOVERY)
     stream.start()
     timed_out = ""
@@ -75,6 +91,13 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
                 timeout=AFTER_RECOVERY * 2,
                 what=f"{AFTER} publishes confirmed after the restart",
             )
+            again = await receive(holder, AFTER_RECOVERY * 2 + ACK_TIMEOUT + slack)
+            held_back = time.monotonic() - fault_end
+            assert (again.body, again.attempt) == (b"held", 2), (
+                f"the message held across the restart came back as {again.body!r} with "
+                f"attempt {again.attempt} (want attempt 2: the lease and its count survive)"
+            )
+            await again.ack()
             await stream.stop_publishing()
             await eventually(
                 lambda: stream.all_acked() or bool(stream.iterator_errors),
@@ -92,12 +115,13 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
             timed_out = str(exc)
     finally:
         await stream.close()
-        for consumer in consumers:
+        for consumer in [*consumers, holder]:
             await asyncio.wait_for(consumer.aclose(), WAIT)
     figures = stream.figures(fault_start, fault_end, flush, KILL_GRACE)
     figures.update(
         scheme=str(broker_url).split(":", 1)[0],
         hook_s=round(hook_s, 2),
+        held_redelivered_s=None if held_back is None else round(held_back, 2),
         seconds=round(time.monotonic() - started, 1),
     )
     record(request, "broker restart", figures)

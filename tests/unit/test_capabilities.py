@@ -15,7 +15,7 @@ PINNED = {
     # redelivery_slack (the contract suite measures every due time against it), browse
     "memory://": (4 * 1024 * 1024, 300.0, True, True, 0.0, 0.05, True),
     "redis://127.0.0.1:6379/0": (1024 * 1024, 300.0, True, True, 0.05, 0.5, True),
-    "kafka://127.0.0.1:9092": (900 * 1024, 300.0, True, True, 0.1, 2.5, True),
+    "kafka://127.0.0.1:9092": (900 * 1024, 300.0, True, True, 0.1, 7.0, True),
     "nats://127.0.0.1:4222": (960 * 1024, 300.0, True, True, 0.1, 2.0, True),
     # RabbitMQ: no side-effect-free read of a quorum queue, so no browse
     "amqp://guest:guest@127.0.0.1:5672/": (16 * 1024 * 1024, 300.0, True, False, 0.01, 1.0, False),

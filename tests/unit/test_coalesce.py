@@ -131,3 +131,34 @@ async def test_validation_still_happens_before_any_io() -> None:
     await broker.aclose()
     with pytest.raises(brokerkit.ResourceClosed):
         await broker.publish("q", b"x")
+
+
+async def test_callers_woken_by_a_batch_are_gathered_again_not_sent_alone() -> None:
+    backend = RecordingBackend()
+
+    async def caller(i: int) -> None:
+        for j in range(4):
+            await broker.publish("q", b"%d-%d" % (i, j))
+
+    async with brokerkit.from_backend(backend) as broker:
+        await asyncio.gather(*(caller(i) for i in range(50)))
+    assert sum(len(c) for c in backend.calls) == 200
+    # the very first call goes alone (nothing in flight); after that, the callers a
+    # finished batch woke publish together instead of the first of them going alone
+    assert [len(c) for c in backend.calls].count(1) <= 2, [len(c) for c in backend.calls]
+
+
+async def test_validation_still_happens_once_the_queue_has_a_coalescer() -> None:
+    backend = RecordingBackend()
+    broker = brokerkit.from_backend(backend)
+    await broker.publish("q", b"ok")
+    with pytest.raises(brokerkit.InvalidMessage):
+        await broker.publish("q", "not bytes")  # type: ignore[arg-type]
+    with pytest.raises(brokerkit.MessageTooLarge):
+        await broker.publish("q", b"x" * ((1 << 20) + 1))
+    with pytest.raises(brokerkit.InvalidName):
+        await broker.publish("q", b"x", fifo_group="has space")
+    assert backend.calls == [[b"ok"]]
+    await broker.aclose()
+    with pytest.raises(brokerkit.ResourceClosed):
+        await broker.publish("q", b"x")

@@ -217,3 +217,25 @@ def test_apply_moved_names_the_partitions_whose_fetching_may_resume() -> None:
         if resumed:
             break
     assert resumed == [part]
+
+
+def test_a_synchronous_ack_commits_the_settled_state_before_anything_changes() -> None:
+    # KafkaReceiver._ack_now: the snapshot as it will be once settled, the record still
+    # leased until that commit is recorded (and settled then, with the ack's own time)
+    schedule, (part,) = _setup(ack_timeout=5.0)
+    _feed(schedule, part, run(0, 4), 0.0)
+    records, tokens = schedule.take(4, 0.0)
+    before = part.snapshot()
+    assert schedule.leased(tokens[0], 1.0) is records[0]
+    settling = part.snapshot_settling(records[0])
+    assert part.snapshot() == before and schedule.holds(tokens[0], 1.0)  # nothing changed
+    assert part.commit_point() == 0
+    schedule.settle(tokens[0], 1.0)
+    assert part.snapshot() == settling and settling[2] == 1
+    settling = part.snapshot_settling(records[2])  # above the commit point: in the metadata
+    schedule.settle(tokens[2], 1.0)
+    assert part.snapshot() == settling
+    with pytest.raises(LeaseExpired):
+        schedule.leased(tokens[3], 6.0)  # ran out
+    with pytest.raises(LeaseExpired):
+        schedule.leased(tokens[0], 1.0)  # settled

@@ -74,7 +74,8 @@ class KafkaLink:
 
     def producer_config(self) -> dict[str, Any]:
         """The client settings plus what the contract needs of the producer (durable,
-        ordered, one partitioner for every brokerkit client) and the ``linger`` option."""
+        ordered, one partitioner for every brokerkit client) and the ``linger`` and
+        ``publish_timeout`` options."""
         conf = dict(self._conf)
         conf.update(
             {
@@ -82,6 +83,8 @@ class KafkaLink:
                 "enable.idempotence": True,
                 "partitioner": "murmur2_random",
                 "linger.ms": self.options.linger * 1000.0,
+                # bounded: an unconfirmed record fails (BrokerUnavailable), never hangs
+                "message.timeout.ms": int(self.options.publish_timeout * 1000),
                 "message.max.bytes": 1_000_000,
             }
         )

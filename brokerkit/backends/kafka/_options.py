@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from brokerkit.backends import BrokerURL, ConfigError, HostPort, Options, parse_options
 
@@ -42,11 +42,22 @@ class KafkaOptions(Options):
     """Seconds before the group gives a silent consumer's partitions to another one."""
     heartbeat_interval: float = Field(0.5, ge=0.05, le=60.0)
     """Seconds between group heartbeats: how fast a member notices a rebalance."""
+    publish_timeout: float = Field(10.0, ge=1.0, le=3600.0)
+    """Seconds a publish waits for the broker's delivery report (librdkafka's
+    ``message.timeout.ms``, from ``produce`` to the report): a record still unconfirmed
+    then is given up and the publish raises BrokerUnavailable. The default is the
+    retry budget of the other backends (``retry_unavailable``: 10 s)."""
     client_id: str = Field("brokerkit", pattern=r"^[A-Za-z0-9._-]{1,100}$")
     linger: float = Field(0.002, ge=0.0, le=5.0)
     """Seconds a small publish's records wait for more to share a request (``linger.ms``):
     0 for the lowest latency of one-message publishes; more for throughput when many
     tasks publish small calls at once. Calls of 64+ records are sent at once anyway."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaOptions:
+        if self.publish_timeout <= self.linger:
+            raise ValueError("publish_timeout must be longer than linger (librdkafka requires it)")
+        return self
 
 
 def options_from_url(url: BrokerURL) -> KafkaOptions:

@@ -223,6 +223,16 @@ class Partition:
             return True
         return False
 
+    def snapshot_settling(self, rec: Record) -> Snapshot:
+        """The snapshot as it will be once ``rec`` is settled; nothing changes here."""
+        low = self.low
+        del self.records[rec.offset]
+        try:
+            return self.snapshot()
+        finally:
+            self.records[rec.offset] = rec
+            self.low = low
+
     def commit_point(self) -> int:
         """The lowest unsettled offset (amortised O(1): ``low`` only moves up)."""
         low, end, records = self.low, self.next_offset, self.records

@@ -13,7 +13,12 @@ through the ``Sink`` methods (``records``, ``assigned``, ``revoke``, ``lost``).
   the next receive hands it over), so that commit overlaps the caller's work.
 * ack -> the record is settled in memory; the partition's commit offset moves to the
   lowest unsettled offset and the settled offsets above it go into the metadata; an
-  asynchronous commit follows within ``ack_flush_interval``.
+  asynchronous commit follows within ``ack_flush_interval``. Only while the group
+  coordinator confirmed a commit within ``_FRESH`` s: otherwise (an idle or slow
+  stream, or a broker that stopped answering) the ack commits synchronously and
+  returns only once the commit is recorded, else raises BrokerUnavailable (or
+  LeaseExpired when the partition moved), so an ack that returns while the broker is
+  unreachable is never counted as done. A failed asynchronous commit is sent again.
 * nack(delay) -> the record stays in memory, due ``delay`` s later; its group stays
   blocked (it is the group's head), other groups flow; the due time is committed in
   the metadata so a new owner honours it.
@@ -39,7 +44,9 @@ from typing import Any
 
 from brokerkit.backends import (
     NO_HEADERS,
+    BrokerUnavailable,
     Delivery,
+    HostPort,
     LeaseExpired,
     QueueRef,
     Receiver,
@@ -57,11 +64,22 @@ LOG = logging.getLogger(__name__)
 FLUSH_DELAY = 0.05
 """Acks are coalesced this long before the commit (capabilities.ack_flush_interval = 0.1)."""
 
+_FRESH = 0.075
+"""An ack is coalesced only if a commit was confirmed this recently (s): then it returns
+at most ``ack_flush_interval`` (0.1) after the broker was last heard from, with room
+for the consumer thread's delay in serving the confirmation."""
+_ACK_WAIT = 10.0
+"""Longest a synchronous ack waits for its commit (the retry budget of the toolkit)."""
+
 _partition_of = methodcaller("partition")
 
 
 class KafkaReceiver(Receiver[Receipt]):
     """One consumer of a topic in one Kafka consumer group; see the module docstring."""
+
+    release_uncounted = True
+    """``release`` gives the records back with their count lowered again (committed by
+    the next flush), so the core may release what it fetched ahead of a last attempt."""
 
     def __init__(
         self, link: KafkaLink, queue: QueueRef, group: str, settings: ReceiverSettings
@@ -77,8 +95,12 @@ class KafkaReceiver(Receiver[Receipt]):
         self._flush_handle: asyncio.TimerHandle | None = None
         self._staging: asyncio.Future[None] | None = None
         self._closed = False
+        self._contact = 0.0
+        """When a commit was last confirmed (monotonic; written by the consumer thread too)."""
+        config = link.consumer_config(self._group_id)
+        config["on_commit"] = self._on_commit
         self._thread = ConsumerThread(
-            link.consumer_config(self._group_id),
+            config,
             self._topic,
             name=f"brokerkit-kafka-{self._group_id}",
             dedup_window=None if queue.dead_letters else self._dedup_window,
@@ -167,7 +189,10 @@ class KafkaReceiver(Receiver[Receipt]):
                 if taken[0]:
                     delivered = await self._persist(taken)
             if delivered[0]:
-                if len(delivered[0]) == max_messages:
+                # never behind a redelivery: it may be a poison that kills this process,
+                # and the staged records' counts are committed already (a crash would
+                # count an attempt for each of them that no handler ever saw)
+                if len(delivered[0]) == max_messages and all(r.count == 1 for r in delivered[0]):
                     self._stage_next(max_messages)
                 return self._deliveries(*delivered)
             now = time.monotonic()
@@ -208,6 +233,8 @@ class KafkaReceiver(Receiver[Receipt]):
         started = time.monotonic()
         ok = await self._thread.commit([part.snapshot() for part in parts])
         now = time.monotonic()
+        if ok:
+            self._contact = now
         # a take is given back meanwhile only by a revoke or by its lease running out
         check = now - started >= self._schedule.lease or any(p.revoking for p in parts)
         schedule = self._schedule
@@ -260,12 +287,76 @@ class KafkaReceiver(Receiver[Receipt]):
     # ================================================================ settling
 
     async def ack(self, delivery: Delivery[Receipt]) -> None:
-        """ack -> settled in memory; the commit follows within ack_flush_interval."""
+        """ack -> settled in memory; the commit follows within ack_flush_interval, or is
+        awaited when the broker was not heard from lately (see the module docstring)."""
+        now = time.monotonic()
+        if now - self._contact > _FRESH:
+            await self._ack_now(delivery, now)
+            return
         try:
-            rec = self._schedule.settle(delivery.receipt, time.monotonic())
+            rec = self._schedule.settle(delivery.receipt, now)
         except LeaseExpired:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
         self._mark_dirty(rec.part)
+
+    async def _ack_now(self, delivery: Delivery[Receipt], now: float) -> None:
+        """Commit the partition's state with the record settled; settle it in memory only
+        once that is recorded, else raise (and it stays leased: it comes back)."""
+        try:
+            rec = self._schedule.leased(delivery.receipt, now)
+        except LeaseExpired:
+            raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
+        part = rec.part
+        try:
+            ok: set[Key] | None = await asyncio.wait_for(
+                self._thread.commit([part.snapshot_settling(rec)]), _ACK_WAIT
+            )
+        except TimeoutError:
+            ok = None
+        # the next flush follows with the true state (a commit still on its way, or one
+        # recorded for a record that went out again meanwhile, is overwritten)
+        self._mark_dirty(part)
+        if ok and part.key in ok:
+            self._contact = time.monotonic()
+            try:
+                # ``now``: a lease that ran out while the commit was on its way still
+                # counts, unless the record went out again meanwhile (then it is lost)
+                self._schedule.settle(delivery.receipt, now)
+            except LeaseExpired:
+                raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
+            return
+        if part.gone or part.revoking:
+            raise LeaseExpired(
+                f"message {delivery.id!r}: its partition moved before the ack was recorded"
+            )
+        first = self._link.hosts[0] if self._link.hosts else HostPort("localhost", 9092)
+        reason = f"no answer within {_ACK_WAIT:g} s" if ok is None else "the commit failed"
+        where = ", ".join(str(h) for h in self._link.hosts) or str(first)
+        raise BrokerUnavailable(
+            f"kafka: the ack of message {delivery.id!r} was not recorded ({reason}; {where})",
+            host=first.host,
+            port=first.port,
+        )
+
+    def _on_commit(self, err: Any, partitions: list[Any]) -> None:
+        """librdkafka's result of an asynchronous commit (on the consumer thread)."""
+        failed = [
+            (tp.topic, tp.partition) for tp in partitions if err is not None or tp.error is not None
+        ]
+        if err is None and not failed:
+            self._contact = time.monotonic()
+            return
+        LOG.debug("kafka commit failed (%s): %d partitions, sent again", err, len(failed))
+        try:
+            self._loop.call_soon_threadsafe(self._commit_failed, failed)
+        except RuntimeError:  # the event loop is gone
+            pass
+
+    def _commit_failed(self, keys: list[Key]) -> None:
+        for _, p in keys:
+            part = self._parts.get(p)
+            if part is not None and not part.gone:
+                self._mark_dirty(part)  # the next flush carries the state again
 
     async def nack(self, delivery: Delivery[Receipt], delay: float) -> None:
         """nack -> held in memory until due; the group stays blocked; due time committed."""

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
-from brokerkit.backends import LeaseBook
+from brokerkit.backends import LeaseBook, LeaseExpired
 from brokerkit.backends.kafka._partition import Partition, Record
 
 __all__ = ["Batch", "HandOut", "Receipt"]
@@ -155,6 +155,14 @@ class HandOut:
         rec = self._book.requeue_token(token, now + delay, now)
         rec.due = time.time() + delay
         self._park_if_revoking(rec, now)
+        return rec
+
+    def leased(self, token: Receipt, now: float) -> Record:
+        """The record ``token`` leases (LeaseExpired if the lease was lost); changes nothing."""
+        book = self._book
+        rec = book.key_of(token) if book.holds_token(token, now) else None
+        if rec is None:
+            raise LeaseExpired(f"the lease on token {token} was lost")
         return rec
 
     def holds(self, token: Receipt, now: float) -> bool:

@@ -1,8 +1,8 @@
 """The consumer thread: the one thread that makes every call on a receiver's Consumer.
 
 It runs ``consume`` in a loop and, between calls, the commands the event loop sends
-(count commits, ack flushes); it pauses and resumes fetching from the backlog the loop
-publishes, and answers rebalances (``on_assign`` reads the committed offset and
+(count commits, ack flushes); it holds off or pauses fetching from the backlog the loop
+publishes (``FlowControl``), and answers rebalances (``on_assign`` reads the committed offset and
 metadata, ``on_revoke`` waits for the loop to give the partition up and commits its
 final state). What it consumes and learns it posts to the loop through a ``Sink``.
 
@@ -27,14 +27,8 @@ from typing import Any, Protocol
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
 from brokerkit.backends import ErrorMap, LeaseExpired
-from brokerkit.backends.kafka._partition import (
-    PAUSE_BYTES,
-    PAUSE_SPAN,
-    RESUME_BYTES,
-    RESUME_SPAN,
-    Key,
-    Snapshot,
-)
+from brokerkit.backends.kafka._flow import FlowControl
+from brokerkit.backends.kafka._partition import Key, Snapshot
 
 __all__ = ["REVOKE_WAIT", "Assigned", "ConsumerThread", "Sink"]
 
@@ -49,6 +43,8 @@ _HOT_SPELL = 0.25
 _HOT_WAIT = 0.002
 _HAND_OVER_WAIT = 0.001
 """Longest the loop waits for a hot consumer thread to start a count commit (``call``)."""
+_HOLD_WAIT = 0.005
+"""Longest a held consumer thread waits for a kick before looking at the backlog again."""
 _BATCH = 500
 
 Assigned = tuple[Key, int, int, str | None]
@@ -106,7 +102,8 @@ class ConsumerThread:
         self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.finished: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._assigned: set[Key] = set()  # thread-side
-        self.backlog: dict[Key, tuple[int, int]] = {}
+        self._flow = FlowControl()
+        self.backlog = self._flow.backlog
         """(offsets, bytes) held above each partition's commit point: written by the loop."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -178,11 +175,14 @@ class ConsumerThread:
             self.finished.set_result(None)
             return
         self._started.set_result(None)
-        paused: set[Key] = set()
+        flow = self._flow
         try:
             while not self._stop.is_set():
                 self._run_commands(consumer)
-                self._flow_control(consumer, paused)
+                if flow.hold(consumer, self._assigned, time.monotonic()):
+                    self.kick.wait(_HOLD_WAIT)  # the loop kicks as its backlog shrinks
+                    self.kick.clear()
+                    continue
                 hot = time.monotonic() < self._hot_until
                 try:
                     # hot: never block in consume (it cannot be woken); wait on the kick instead
@@ -237,28 +237,6 @@ class ConsumerThread:
                 fut.set_result(fn(consumer))
             except BaseException as exc:
                 fut.set_exception(exc)
-
-    def _flow_control(self, consumer: Consumer, paused: set[Key]) -> None:
-        to_pause, to_resume = [], []
-        for key in self._assigned:
-            span, size = self.backlog.get(key, (0, 0))
-            if key in paused:
-                if span < RESUME_SPAN and size < RESUME_BYTES:
-                    to_resume.append(key)
-            elif span >= PAUSE_SPAN or size >= PAUSE_BYTES:
-                to_pause.append(key)
-        for key in list(paused):
-            if key not in self._assigned:
-                paused.discard(key)
-        try:
-            if to_pause:
-                consumer.pause([TopicPartition(t, p) for t, p in to_pause])
-                paused.update(to_pause)
-            if to_resume:
-                consumer.resume([TopicPartition(t, p) for t, p in to_resume])
-                paused.difference_update(to_resume)
-        except KafkaException as exc:
-            LOG.debug("kafka pause/resume: %s", exc)
 
     def commit_on_thread(
         self, consumer: Consumer, snaps: Sequence[Snapshot], sync: bool

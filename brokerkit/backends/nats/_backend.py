@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import re
@@ -44,6 +45,7 @@ from brokerkit.backends import (
     parse_options,
     retry_unavailable,
 )
+from brokerkit.backends.nats._attempts import attempts_stream
 from brokerkit.backends.nats._errors import is_transient
 from brokerkit.backends.nats._inspect import browse_stream, stats_stream
 from brokerkit.backends.nats._layout import HEADER_ROOM, QueueLayout, encode_headers
@@ -257,8 +259,8 @@ class NatsBackend(Backend):
             await self._declare_group(layout, group, _DECLARE_ACK_WAIT, only_missing=True)
 
     async def delete_queue(self, queue: str) -> None:
-        """``delete_stream`` of the queue's stream and its DLQ's (their durable consumers go
-        with them); a stream that is not there is fine."""
+        """``delete_stream`` of the queue's stream, its DLQ's (their durable consumers go
+        with them) and its attempts stream; a stream that is not there is fine."""
         opts = self.options
         for ref in (QueueRef(queue), QueueRef(queue).dlq):
             self._forget_stream(ref)
@@ -270,6 +272,10 @@ class NatsBackend(Backend):
                     await self.link.js.delete_stream(layout.stream)
                 except nats.js.errors.NotFoundError:
                     pass
+        book = attempts_stream(opts.prefix, queue)
+        with self.link.errors(f"delete stream {book!r}"):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.link.js.delete_stream(book)
 
     async def _existing(self, queue: QueueRef) -> QueueLayout | None:
         """The queue's (or DLQ's) stream as it is on the server; None when it is not there

@@ -93,6 +93,7 @@ class RedisReceiver(Receiver[Receipt]):
         settings: ReceiverSettings,
     ) -> None:
         self._link = link
+        self._runner = link.run  # its ``heard``: when Redis last answered this connection
         self._stream = stream
         self._fstream = Keys.fifo(stream)
         self._dlq = dlq
@@ -278,7 +279,7 @@ class RedisReceiver(Receiver[Receipt]):
             and delivery.fifo_group is None
             and delivery.attempt == 1
             and not self._closed
-            and now - self._link.run.heard <= self._flush_interval
+            and now - self._runner.heard <= self._flush_interval
         ):
             acks = self._acks
             if not acks:  # the flush loop takes every ack queued while it is awake

@@ -18,7 +18,7 @@ hand-out still counts it. A release (a delivery handed to the facade, never to t
 caller) writes ``attempt - 2``: its next delivery has the same attempt. Deliveries the
 receiver drops unseen (stale in its buffer, given back at close) write nothing, so they
 count nothing either. Records live ``max_age`` like the messages (the stream is created
-on the first write and deleted with the queue).
+by ``declare`` or on the first write that finds none, and deleted with the queue).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from brokerkit.backends.nats._layout import QueueLayout
 from brokerkit.backends.nats._link import NatsLink
 
-__all__ = ["AttemptBook", "attempts_stream"]
+__all__ = ["AttemptBook", "attempts_stream", "declare_attempts"]
 
 _STREAM_EXISTS = 10058
 
@@ -71,8 +71,15 @@ class AttemptBook:
         """Write (stream sequence, count) each; returns once the server stored them all."""
         if not items:
             return
-        if not self._made:
-            await self._make()
+        try:
+            await self._write(items)
+        except nats.js.errors.NoStreamResponseError:
+            if self._made:
+                raise
+            await self._make()  # the first record of this queue: no stream takes it yet
+            await self._write(items)
+
+    async def _write(self, items: Sequence[tuple[int, int]]) -> None:
         js = self._link.js
         timeout = self._link.options.request_timeout
         await asyncio.gather(
@@ -83,21 +90,30 @@ class AttemptBook:
         )
 
     async def _make(self) -> None:
-        opts = self._link.options
-        config = StreamConfig(
-            name=self.stream,
-            description="brokerkit attempts of redelivered messages",
-            subjects=[self._wildcard],
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE if opts.storage == "file" else StorageType.MEMORY,
-            num_replicas=opts.replicas,
-            max_age=opts.max_age,
-            max_msgs_per_subject=1,
-            discard=DiscardPolicy.OLD,
-        )
-        try:
-            await self._link.js.add_stream(config)
-        except nats.js.errors.BadRequestError as exc:
-            if getattr(exc, "err_code", None) != _STREAM_EXISTS:
-                raise
+        await _add_stream(self._link, self.stream, self._wildcard)
         self._made = True
+
+
+async def declare_attempts(link: NatsLink, prefix: str, queue: str) -> None:
+    """Create queue ``queue``'s attempts stream (idempotent; ``declare`` calls it)."""
+    await _add_stream(link, attempts_stream(prefix, queue), f"{prefix}.a.{queue}.>")
+
+
+async def _add_stream(link: NatsLink, name: str, wildcard: str) -> None:
+    opts = link.options
+    config = StreamConfig(
+        name=name,
+        description="brokerkit attempts of redelivered messages",
+        subjects=[wildcard],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE if opts.storage == "file" else StorageType.MEMORY,
+        num_replicas=opts.replicas,
+        max_age=opts.max_age,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.OLD,
+    )
+    try:
+        await link.js.add_stream(config)
+    except nats.js.errors.BadRequestError as exc:
+        if getattr(exc, "err_code", None) != _STREAM_EXISTS:
+            raise

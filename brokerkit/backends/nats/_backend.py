@@ -45,7 +45,7 @@ from brokerkit.backends import (
     parse_options,
     retry_unavailable,
 )
-from brokerkit.backends.nats._attempts import attempts_stream
+from brokerkit.backends.nats._attempts import attempts_stream, declare_attempts
 from brokerkit.backends.nats._errors import is_transient
 from brokerkit.backends.nats._inspect import browse_stream, stats_stream
 from brokerkit.backends.nats._layout import HEADER_ROOM, QueueLayout, encode_headers
@@ -249,11 +249,13 @@ class NatsBackend(Backend):
         self._streams.pop(queue, None)
 
     async def declare(self, queue: QueueRef, group: str | None = None) -> None:
-        """Create the queue's and its DLQ's streams now and, with ``group``, the group's
-        durables on ``queue``'s stream (those missing: a live group's ``ack_wait`` is left
-        as its subscribers set it)."""
+        """Create the queue's, its DLQ's and its attempts streams now and, with ``group``,
+        the group's durables on ``queue``'s stream (those missing: a live group's
+        ``ack_wait`` is left as its subscribers set it)."""
         await self._stream(queue.main)
         await self._stream(queue.main.dlq)
+        with self.link.errors(f"create the attempts stream of {queue.name!r}"):
+            await declare_attempts(self.link, self.options.prefix, queue.name)
         if group is not None:
             layout = await self._stream(queue)
             await self._declare_group(layout, group, _DECLARE_ACK_WAIT, only_missing=True)

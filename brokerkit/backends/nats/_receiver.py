@@ -171,13 +171,14 @@ class NatsReceiver(Receiver[Lease]):
     async def _on_msg(self, msg: Msg) -> None:
         """A delivery goes to the buffer, stamped with its arrival; a status ends a request.
 
-        After a pull request went unanswered (no status by its expiry: see ``_issue``) the
-        path may have been cut, and what arrives next may have been sent long ago: the
-        server's lease (``ack_wait``, from sending) ran on while it sat in the network. So
-        until a later request is answered, or ``_BURST`` after the first byte that follows
-        the silence, a delivery is stamped as arrived when that request was issued (the
-        earliest the server could have sent it): ``_take`` then drops it as stale, or its
-        lease is that much shorter, and a late ack raises LeaseExpired instead of returning.
+        After a pull request went unanswered (no status by its expiry, and nothing else
+        heard since: see ``_issue``) the path may have been cut, and what arrives next may
+        have been sent long ago: the server's lease (``ack_wait``, from sending) ran on
+        while it sat in the network. So until a later request is answered, or ``_BURST``
+        after the first byte that follows the silence, a delivery is stamped as arrived
+        when that request was issued (the earliest the server could have sent it):
+        ``_take`` then drops it as stale, or its lease is that much shorter, and a late ack
+        raises LeaseExpired instead of returning.
         """
         now = self._heard = asyncio.get_running_loop().time()
         if self._quiet_since is not None:
@@ -226,7 +227,9 @@ class NatsReceiver(Receiver[Lease]):
             if pull is not None and pull.expires_at + _EXPIRY_GRACE > now:
                 earliest = min(earliest, pull.expires_at + _EXPIRY_GRACE)
                 continue
-            if pull is not None:  # expired unanswered: see _on_msg
+            if pull is not None and self._heard < pull.expires_at:
+                # expired unanswered, and nothing else heard since (a slow loop still
+                # hears the other slots' statuses; a cut path hears nothing): see _on_msg
                 if self._quiet_since is None:
                     self._quiet_since, self._quiet_until = pull.issued, math.inf
                 self._quiet_serial = max(self._quiet_serial, pull.serial)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import re
@@ -44,6 +45,7 @@ from brokerkit.backends import (
     parse_options,
     retry_unavailable,
 )
+from brokerkit.backends.nats._attempts import attempts_stream, declare_attempts
 from brokerkit.backends.nats._errors import is_transient
 from brokerkit.backends.nats._inspect import browse_stream, stats_stream
 from brokerkit.backends.nats._layout import HEADER_ROOM, QueueLayout, encode_headers
@@ -247,18 +249,20 @@ class NatsBackend(Backend):
         self._streams.pop(queue, None)
 
     async def declare(self, queue: QueueRef, group: str | None = None) -> None:
-        """Create the queue's and its DLQ's streams now and, with ``group``, the group's
-        durables on ``queue``'s stream (those missing: a live group's ``ack_wait`` is left
-        as its subscribers set it)."""
+        """Create the queue's, its DLQ's and its attempts streams now and, with ``group``,
+        the group's durables on ``queue``'s stream (those missing: a live group's
+        ``ack_wait`` is left as its subscribers set it)."""
         await self._stream(queue.main)
         await self._stream(queue.main.dlq)
+        with self.link.errors(f"create the attempts stream of {queue.name!r}"):
+            await declare_attempts(self.link, self.options.prefix, queue.name)
         if group is not None:
             layout = await self._stream(queue)
             await self._declare_group(layout, group, _DECLARE_ACK_WAIT, only_missing=True)
 
     async def delete_queue(self, queue: str) -> None:
-        """``delete_stream`` of the queue's stream and its DLQ's (their durable consumers go
-        with them); a stream that is not there is fine."""
+        """``delete_stream`` of the queue's stream, its DLQ's (their durable consumers go
+        with them) and its attempts stream; a stream that is not there is fine."""
         opts = self.options
         for ref in (QueueRef(queue), QueueRef(queue).dlq):
             self._forget_stream(ref)
@@ -270,6 +274,10 @@ class NatsBackend(Backend):
                     await self.link.js.delete_stream(layout.stream)
                 except nats.js.errors.NotFoundError:
                     pass
+        book = attempts_stream(opts.prefix, queue)
+        with self.link.errors(f"delete stream {book!r}"):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.link.js.delete_stream(book)
 
     async def _existing(self, queue: QueueRef) -> QueueLayout | None:
         """The queue's (or DLQ's) stream as it is on the server; None when it is not there

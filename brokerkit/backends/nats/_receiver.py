@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from brokerkit.backends import (
     ReceiverSettings,
     ResourceClosed,
 )
+from brokerkit.backends.nats._attempts import AttemptBook
 from brokerkit.backends.nats._layout import QueueLayout, decode_headers
 from brokerkit.backends.nats._link import NatsLink
 
@@ -55,6 +57,12 @@ _LEASE_MARGIN = 0.02
 """Settling this close to the server's lease end raises LeaseExpired: it may be redelivered."""
 _PRUNE_AT = 1024
 """Renewals kept before the ones that ran out (never settled here) are dropped."""
+_ACK_WINDOW = 0.1
+"""A pipelined ``+ACK`` returns at once only while the server was heard from this recently
+(``capabilities.ack_flush_interval``); else ``ack`` waits for a PING/PONG behind it."""
+_BURST = 1.0
+"""How long after the first byte that follows an unanswered pull request deliveries are
+still taken as sent before the silence (see ``_on_msg``)."""
 _BEST_EFFORT = (
     nats.errors.Error,
     OSError,
@@ -97,11 +105,17 @@ class _Pull:
     serial: int
     remaining: int
     expires_at: float
+    issued: float
 
 
 class NatsReceiver(Receiver[Lease]):
     """receive -> pull requests ($JS.API.CONSUMER.MSG.NEXT); ack -> ack(); nack -> nak(delay);
-    extend -> in_progress(); dead_letter -> publish to the DLQ stream, then term()."""
+    extend -> in_progress(); dead_letter -> publish to the DLQ stream, then term().
+
+    ``attempt`` of a redelivery comes from the group's AttemptBook (``_attempts``), not
+    from ``num_delivered`` alone, so a release counts no attempt."""
+
+    release_uncounted = True  # release rewrites the record: see _attempts
 
     def __init__(
         self,
@@ -117,6 +131,7 @@ class NatsReceiver(Receiver[Lease]):
         self._layout = layout
         self._settings = settings
         self._dead_letters = dead_letters
+        self._book = None if dead_letters else AttemptBook(link, layout, group)
         self._confirm_acks = link.options.confirm_acks
         self._request_timeout = link.options.request_timeout
         errors = link.errors
@@ -139,6 +154,11 @@ class NatsReceiver(Receiver[Lease]):
         self._inbox = ""
         self._sub: Subscription | None = None
         self._closed = False
+        self._heard = 0.0  # when the server last sent this receiver anything
+        # a pull request went unanswered (the path may be cut): since when, and its serial
+        self._quiet_since: float | None = None
+        self._quiet_serial = 0
+        self._quiet_until = math.inf
 
     async def start(self) -> None:
         nc = self._link.client
@@ -149,6 +169,23 @@ class NatsReceiver(Receiver[Lease]):
     # -- the pull engine ----------------------------------------------------------------
 
     async def _on_msg(self, msg: Msg) -> None:
+        """A delivery goes to the buffer, stamped with its arrival; a status ends a request.
+
+        After a pull request went unanswered (no status by its expiry, and nothing else
+        heard since: see ``_issue``) the path may have been cut, and what arrives next may
+        have been sent long ago: the server's lease (``ack_wait``, from sending) ran on
+        while it sat in the network. So until a later request is answered, or ``_BURST``
+        after the first byte that follows the silence, a delivery is stamped as arrived
+        when that request was issued (the earliest the server could have sent it):
+        ``_take`` then drops it as stale, or its lease is that much shorter, and a late ack
+        raises LeaseExpired instead of returning.
+        """
+        now = self._heard = asyncio.get_running_loop().time()
+        if self._quiet_since is not None:
+            if self._quiet_until == math.inf:
+                self._quiet_until = now + _BURST
+            elif now > self._quiet_until:
+                self._quiet_since = None
         headers = msg.headers
         status = headers.get(_STATUS) if headers and not msg.data else None
         if status is None:
@@ -161,7 +198,8 @@ class NatsReceiver(Receiver[Lease]):
                 pull.remaining -= 1
                 if pull.remaining <= 0:
                     self._pulls[slot] = None
-            self._buffer.append((asyncio.get_running_loop().time(), msg))
+            quiet = self._quiet_since
+            self._buffer.append((now if quiet is None else min(now, quiet), msg))
             self._arrived.set()
             return
         if status == _HEARTBEAT:
@@ -170,9 +208,11 @@ class NatsReceiver(Receiver[Lease]):
         token = msg.subject[len(self._inbox) + 1 :]
         slot_text, _, serial_text = token.partition(".")
         if slot_text.isdigit() and serial_text.isdigit():
-            slot = int(slot_text)
+            slot, serial = int(slot_text), int(serial_text)
+            if serial > self._quiet_serial:
+                self._quiet_since = None  # a request sent after the silence was answered
             pull = self._pulls[slot] if slot < len(self._pulls) else None
-            if pull is not None and pull.serial == int(serial_text):
+            if pull is not None and pull.serial == serial:
                 self._pulls[slot] = None
                 self._arrived.set()
 
@@ -187,9 +227,15 @@ class NatsReceiver(Receiver[Lease]):
             if pull is not None and pull.expires_at + _EXPIRY_GRACE > now:
                 earliest = min(earliest, pull.expires_at + _EXPIRY_GRACE)
                 continue
+            if pull is not None and self._heard < pull.expires_at:
+                # expired unanswered, and nothing else heard since (a slow loop still
+                # hears the other slots' statuses; a cut path hears nothing): see _on_msg
+                if self._quiet_since is None:
+                    self._quiet_since, self._quiet_until = pull.issued, math.inf
+                self._quiet_serial = max(self._quiet_serial, pull.serial)
             batch = max(1, max_messages - len(self._buffer)) if slot == 0 else 1
             serial = next(self._serials)
-            self._pulls[slot] = _Pull(serial, batch, now + linger)
+            self._pulls[slot] = _Pull(serial, batch, now + linger, now)
             payload = json.dumps({"batch": batch, "expires": expires_ns}).encode()
             await nc.publish(
                 self._next_subject[slot], payload, reply=f"{self._inbox}.{slot}.{serial}"
@@ -230,21 +276,37 @@ class NatsReceiver(Receiver[Lease]):
         lease = self._settings.ack_timeout
         taken: list[tuple[float, Msg]] = []
         out: list[Delivery[Lease]] = []
+        again: list[int] = []  # indexes of redeliveries: their attempt is in the book
         while self._buffer and len(out) < max_messages:
             arrived, msg = self._buffer.popleft()
             if now - arrived > stale:
                 continue  # its server lease is nearly over: the server redelivers it
             taken.append((arrived, msg))
             refresh = now - arrived > _REFRESH_AFTER
-            out.append(self._delivery(msg, (now if refresh else arrived) + lease))
+            delivery = self._delivery(msg, (now if refresh else arrived) + lease)
+            if delivery.attempt > 1 and self._book is not None:
+                again.append(len(out))
+            out.append(delivery)
         try:
             for arrived, msg in taken:
                 if now - arrived > _REFRESH_AFTER:
                     await msg.in_progress()
+            if again:
+                await self._count(out, again)
         except BaseException:
             self._buffer.extendleft(reversed(taken))  # cancellation-safe: nothing taken
             raise
         return out
+
+    async def _count(self, out: list[Delivery[Lease]], again: list[int]) -> None:
+        """Redeliveries: attempt = their record + 2; the record + 1 is stored before they
+        are handed out (a crash while the caller holds one still counts it)."""
+        assert self._book is not None
+        seqs = [int(out[i].id) for i in again]
+        counts = await self._book.counts(seqs)
+        for i, count in zip(again, counts, strict=True):
+            out[i] = dataclasses.replace(out[i], attempt=count + 2)
+        await self._book.record([(seq, c + 1) for seq, c in zip(seqs, counts, strict=True)])
 
     def _delivery(self, msg: Msg, deadline: float) -> Delivery[Lease]:
         md = msg.metadata
@@ -286,8 +348,22 @@ class NatsReceiver(Receiver[Lease]):
             self._renewed.pop(delivery.receipt, None)
 
     async def ack(self, delivery: Delivery[Lease]) -> None:
-        """ack -> ``+ACK`` (pipelined; ``?confirm_acks=true`` waits for the server: ack_sync)."""
+        """ack -> ``+ACK`` (pipelined; ``?confirm_acks=true`` waits for the server: ack_sync).
+
+        Pipelined, it is sent at once only while the server sent this receiver something
+        within ``_ACK_WINDOW``: an ack must not return unrecorded into a path that went
+        silent (cut) longer ago than the coalescing window. Else a PING/PONG goes first,
+        with nothing sent yet (none within ``request_timeout``: BrokerUnavailable, and the
+        message is redelivered), then the lease is checked again and the ``+ACK`` sent.
+        """
         msg = self._held(delivery, "ack")
+        if not self._confirm_acks:
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._heard > _ACK_WINDOW:
+                with self._on_ack:
+                    await self._link.client.flush(timeout=max(1, int(self._request_timeout)))
+                self._heard = loop.time()
+                msg = self._held(delivery, "ack")
         with self._on_ack:
             if self._confirm_acks:
                 await msg.ack_sync(timeout=self._request_timeout)
@@ -320,7 +396,11 @@ class NatsReceiver(Receiver[Lease]):
         await msg.nak(delay=delay if delay > 0 else None)
 
     async def release(self, deliveries: Sequence[Delivery[Lease]]) -> None:
-        """release -> ``-NAK`` each (JetStream already counted the delivery: attempt + 1)."""
+        """release -> the record set to ``attempt - 2`` (the next delivery has the same
+        attempt: JetStream counted one, the book takes it back), then ``-NAK`` each."""
+        if self._book is not None and deliveries:
+            with self._on_nack:
+                await self._book.record([(int(d.id), d.attempt - 2) for d in deliveries])
         for delivery in deliveries:
             await self.nack(delivery, 0.0)
 

@@ -7,6 +7,7 @@ toolkit's ``retry_unavailable`` (BrokerUnavailable naming host:port once it give
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -34,6 +35,7 @@ MAPPED = (BrokerRefused, BrokerUnavailable, ConfigError)
 
 _CREDENTIALS = (rex.AuthenticationError, rex.AuthorizationError)
 _TRANSIENT = (rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError, OSError)
+_monotonic = time.monotonic
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -79,31 +81,38 @@ class Runner:
     """Runs redis calls: once on the fast path, then a bounded retry on transient failure.
 
     Every driver error leaves through the backend's ``ErrorMap``; BrokerUnavailable
-    (naming host:port) once the retry gives up.
+    (naming host:port) once the retry gives up. ``heard`` is when Redis last answered a
+    call (monotonic clock): the evidence a coalesced ack needs that the path still works.
     """
 
-    __slots__ = ("errors", "hosts")
+    __slots__ = ("errors", "heard", "hosts")
 
     def __init__(self, hosts: Sequence[HostPort]) -> None:
         self.hosts = tuple(hosts)
         self.errors = error_map(self.hosts)
+        self.heard = 0.0
 
     async def __call__(self, operation: Callable[[], Awaitable[T]], *, patient: bool = False) -> T:
         """Run ``operation``; ``patient`` retries for the whole deadline (10 s), else 5 tries."""
         with self.errors:
             try:
-                return await operation()
+                result = await operation()
+                self.heard = _monotonic()
+                return result
             except _TRANSIENT as exc:
                 if not is_transient(exc):
                     raise
             if patient:
-                return await retry_unavailable(
+                result = await retry_unavailable(
                     operation,
                     what="redis",
                     hosts=self.hosts,
                     is_transient=is_transient,
                     attempts=PATIENT_ATTEMPTS,
                 )
-            return await retry_unavailable(
-                operation, what="redis", hosts=self.hosts, is_transient=is_transient
-            )
+            else:
+                result = await retry_unavailable(
+                    operation, what="redis", hosts=self.hosts, is_transient=is_transient
+                )
+            self.heard = _monotonic()
+            return result

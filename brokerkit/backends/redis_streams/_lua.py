@@ -62,14 +62,15 @@ TAKE = (
 -- Hands out up to max entries that need a script: expired leases (sweep), due entries
 -- (nack delay over, released, fifo head ready) and new entries of F (routed by fifo_group).
 -- New entries of S are not read here: the client reads them with XREADGROUP itself.
--- Returns {now, next due or false, cursor of S, cursor of F, bell id, taken}: the cursors
--- and the bell id only when nothing was taken (what to block on); taken = flat
--- (kind, id, fields, count)*, kind 's' or 'f', every entry now leased to the consumer.
+-- Returns {now, next due or false, cursor of S, cursor of F, bell id, taken, reclaimed}:
+-- the cursors and the bell id only when nothing was taken (what to block on); taken = flat
+-- (kind, id, fields, count)*, kind 's' or 'f', every entry now leased to the consumer;
+-- reclaimed = how many of them were expired leases (as many as max: sweep again at once).
 local S, DS, F, DF, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, me, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fprefix, park, sweep = ARGV[4], ARGV[5], ARGV[6] == '1'
 local now = now_ms()
-local taken, n = {}, 0
+local taken, n, reclaimed = {}, 0, 0
 local function hand(kind, id, fields, count)
   local t = #taken
   taken[t + 1], taken[t + 2], taken[t + 3], taken[t + 4] = kind, id, fields, count
@@ -90,7 +91,10 @@ local function reclaim(kind, stream)
       local idle = redis.call('XPENDING', stream, group, 'IDLE', lease, '-', '+', max - n, name)
       for _, p in ipairs(idle) do
         local e = redis.call('XCLAIM', stream, group, me, lease, p[1])[1]
-        if e then hand(kind, e[1], e[2], tonumber(p[4]) + 1) end
+        if e then
+          hand(kind, e[1], e[2], tonumber(p[4]) + 1)
+          reclaimed = reclaimed + 1
+        end
       end
     end
   end
@@ -135,7 +139,7 @@ while n < max and rounds < 4 do
     end
   end
 end
-local out = {now, false, false, false, false, taken}
+local out = {now, false, false, false, false, taken, reclaimed}
 -- 4. nothing to hand out: tell the caller what to block on and for how long
 if n == 0 then
   local a = redis.call('ZRANGE', DS, 0, 0, 'WITHSCORES')[2]
@@ -243,10 +247,12 @@ NACK = (
 -- uncount ('1'|'0'), then (id, count, kind 's'|'f')*.  The entry goes to park (so the old
 -- token dies) and is due after the delay; a fifo head stays its group's head, so the group
 -- stays held.  uncount gives the delivery back without counting it (release of deliveries
--- never shown to the caller).
+-- never shown to the caller).  Entries given together become due in the order given (a
+-- microsecond apart: equal ZSET scores would sort by id as text, '1-10' before '1-9').
 local group, me, park, delay, uncount = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()
 local lost = {}
+local order = 0
 for i = 6, #ARGV, 3 do
   local id, count, kind = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
   local stream, due = KEYS[1], KEYS[2]
@@ -258,7 +264,8 @@ for i = 6, #ARGV, 3 do
     else
       redis.call('XCLAIM', stream, group, park, 0, id, 'JUSTID')
     end
-    redis.call('ZADD', due, now + delay, id)
+    redis.call('ZADD', due, now + delay + order * 0.001, id)
+    order = order + 1
   else
     lost[#lost + 1] = id
   end

@@ -82,6 +82,8 @@ class RedisReceiver(Receiver[Receipt]):
     (delivery id, delivery count), until the delivery is settled.
     """
 
+    release_uncounted = True  # release is script NACK with uncount: the count goes back
+
     def __init__(
         self,
         link: RedisLink,
@@ -91,6 +93,7 @@ class RedisReceiver(Receiver[Receipt]):
         settings: ReceiverSettings,
     ) -> None:
         self._link = link
+        self._runner = link.run  # its ``heard``: when Redis last answered this connection
         self._stream = stream
         self._fstream = Keys.fifo(stream)
         self._dlq = dlq
@@ -185,11 +188,14 @@ class RedisReceiver(Receiver[Receipt]):
             self._next_sweep = now + self._sweep_interval
         keys = (self._stream, self._due, self._fstream, self._fdue, self._bell)
         args = (self._group, self._me, count, self._fprefix, PARK, int(sweep))
-        return list(
+        reply = list(
             await self._nogroup_safe(
                 lambda: link.script(link.scripts.take, keys, args, patient=True)
             )
         )
+        if sweep and int(reply[6]) >= count:
+            self._next_sweep = 0.0  # perhaps more leases ran out: look again at the next call
+        return reply
 
     async def _nogroup_safe(self, call: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -251,16 +257,30 @@ class RedisReceiver(Receiver[Receipt]):
         (and then sent as a bare ``XACK`` when its lease has time left, see _flush_batch).
 
         Only while the lease surely holds for the whole flush interval: a late ack raises
-        LeaseExpired at once, and one close to the deadline is sent synchronously.
+        LeaseExpired at once, and one close to the deadline is sent synchronously. Only on
+        a first delivery: a redelivered message may be near a crash (the poison that
+        killed its last consumer, or its neighbour), and an ack lost with a crashed process
+        costs the message an attempt. And only while Redis answered this connection within
+        the last flush interval: an ack must not return unrecorded into a network that went
+        silent (cut, broker gone) longer ago than the coalescing window; it is sent
+        synchronously instead, so it returns once recorded or raises (BrokerUnavailable,
+        LeaseExpired).
         """
         receipt = delivery.receipt
         renewal = self._renewal(delivery) if self._renewed else None
         if renewal is not None:
             receipt = (receipt[0], receipt[1], self._renewed[renewal])
-        left = receipt[2] - _monotonic()
+        now = _monotonic()
+        left = receipt[2] - now
         if left <= 0:
             raise _lost(delivery)
-        if left > self._coalesce_min_left and delivery.fifo_group is None and not self._closed:
+        if (
+            left > self._coalesce_min_left
+            and delivery.fifo_group is None
+            and delivery.attempt == 1
+            and not self._closed
+            and now - self._runner.heard <= self._flush_interval
+        ):
             acks = self._acks
             if not acks:  # the flush loop takes every ack queued while it is awake
                 self._ack_ready.set()

@@ -1,0 +1,80 @@
+"""The NATS backend's own attempt count (``_attempts``), through the Receiver API.
+
+JetStream counts every message it sends (``num_delivered``), so the backend keeps the
+attempt of a redelivery in a stream beside the queue's: a release counts no attempt, a
+nack counts one. Runs against the shared test server (``BROKERKIT_NATS_URL``, default
+nats://127.0.0.1:4222) with fresh random queue names; skipped when none answers there.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats.js.errors
+import pytest
+
+import brokerkit
+from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
+from brokerkit.backends.nats import NatsBackend
+
+URL = os.environ.get("BROKERKIT_NATS_URL", "nats://127.0.0.1:4222")
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[NatsBackend]:
+    b = NatsBackend.from_url(brokerkit.BrokerURL.parse(URL))
+    try:
+        await b.open()
+    except brokerkit.BrokerUnavailable:
+        await b.aclose()
+        pytest.skip("no NATS server at the test URL")
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
+async def take(r: Receiver[Any], n: int) -> list[Delivery[Any]]:
+    got: list[Delivery[Any]] = []
+    while len(got) < n:
+        batch = await r.receive(n - len(got), 2.0)
+        assert batch, f"only {len(got)} of {n} arrived"
+        got += batch
+    return got
+
+
+async def test_release_counts_no_attempt_and_nack_counts_one(backend: NatsBackend) -> None:
+    queue = QueueRef(f"t-attempts-{uuid.uuid4().hex[:10]}")
+    try:
+        await backend.publish(queue, [brokerkit.Outgoing(b"m%d" % i) for i in range(3)])
+        r = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+        first = await take(r, 3)
+        assert [d.attempt for d in first] == [1, 1, 1]
+        await r.release(first)  # fetched, never shown: JetStream counted them, we do not
+        again = await take(r, 3)
+        assert sorted(d.id for d in again) == sorted(d.id for d in first)
+        assert [d.attempt for d in again] == [1, 1, 1]
+        target, *rest = sorted(again, key=lambda d: int(d.id))
+        for d in rest:
+            await r.ack(d)
+        await r.nack(target, 0.0)
+        [nacked] = await take(r, 1)
+        assert (nacked.id, nacked.attempt) == (target.id, 2)
+        await r.release([nacked])
+        [released] = await take(r, 1)
+        assert (released.id, released.attempt) == (target.id, 2)
+        assert released.receipt.msg.metadata.num_delivered == 4  # what JetStream counted
+        await r.nack(released, 0.0)
+        [third] = await take(r, 1)
+        assert third.attempt == 3
+        await r.ack(third)
+        await r.aclose()
+        info = await backend.link.js.stream_info(f"brokerkit_a_{queue.name}")
+        assert info.state.messages == 3  # one record per message released or redelivered
+    finally:
+        await backend.delete_queue(queue.name)
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await backend.link.js.stream_info(f"brokerkit_a_{queue.name}")

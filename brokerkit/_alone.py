@@ -17,9 +17,9 @@ attempts left, and the last one is where it stops losing them. The cost falls on
 attempts only. One past the last (``attempt > max_attempts``: delivered that often and
 never settled, by crashes or hangs) goes to the DLQ.
 
-This module reaches into the consumer's fetch buffer (``_batch``, ``_buffer``, ...):
-it is the consumer's own policy, kept apart to keep ``_consumer.py`` small; it never
-imports it. Its state lives here, per consumer, in a weak mapping.
+The consumer hands in what this needs (``AloneLink``: its fetch buffer, its dead-letter
+step, and two views of what the caller holds); this module never imports it, and the
+state lives in one ``LastAttempts`` per consumer.
 """
 
 from __future__ import annotations
@@ -27,107 +27,104 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import weakref
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from brokerkit._dlq import REASON_MAX_ATTEMPTS
 from brokerkit._errors import LeaseExpired
-from brokerkit.backends.base import Delivery
+from brokerkit._fetchbuffer import FetchBuffer
+from brokerkit.backends.base import Delivery, Receiver
 
 _now = time.monotonic
 _REMEMBER = 10_000  # deferred ids remembered, then forgotten at once
 
 
-@dataclass(slots=True)
-class _State:
-    held: Delivery[Any] | None = None  # the delivery handed out alone, until settled
-    deferred: set[str] = field(default_factory=set)
+@dataclass(frozen=True, slots=True)
+class AloneLink:
+    """What the policy needs of its consumer, handed in by the consumer."""
+
+    buffer: FetchBuffer
+    max_attempts: int
+    dead_letter: Callable[[Delivery[Any], str, int], Awaitable[None]]
+    """Move a delivery to the DLQ with this reason and attempt count."""
+    holds: Callable[[Delivery[Any]], bool]
+    """True while the caller holds this delivery (handed out, unsettled, lease alive)."""
+    settle_held: Callable[[], Awaitable[None]]
+    """Wait until what the caller holds is settled, its last lease ran out, or close."""
 
 
-_STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
+class LastAttempts:
+    """The policy's state for one consumer: the delivery handed out alone, the deferred ids."""
 
+    __slots__ = ("_deferred", "_link", "held")
 
-def blocks(consumer: Any) -> bool:
-    """True while a message handed out alone is still held: hand out and fetch nothing."""
-    state = _STATES.get(consumer)
-    if state is None or state.held is None:
+    def __init__(self, link: AloneLink) -> None:
+        self._link = link
+        self.held: Delivery[Any] | None = None
+        """The delivery handed out alone, until settled (checked by ``blocks``)."""
+        self._deferred: set[str] = set()
+
+    def blocks(self) -> bool:
+        """True while a message handed out alone is still held: hand out and fetch nothing."""
+        held = self.held
+        if held is None:
+            return False
+        if self._link.holds(held):
+            return True
+        self.held = None  # settled, or its lease ran out (the consumer swept it)
         return False
-    held = state.held
-    if any(m._delivery is held for m in consumer._held):
+
+    async def hand_out(
+        self, delivery: Delivery[Any], deadline: float, receiver: Receiver[Any], flush: float
+    ) -> bool:
+        """For a delivery with ``attempt >= max_attempts``: True to hand it out now (alone),
+        False when it went to the DLQ, was put behind first-time messages, or its lease ran
+        out meanwhile. ``flush`` is the backend's ``capabilities.ack_flush_interval``.
+        Cancel-safe: a cancelled call puts the delivery back in front."""
+        link = self._link
+        if delivery.attempt > link.max_attempts:
+            # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
+            await link.dead_letter(delivery, REASON_MAX_ATTEMPTS, delivery.attempt - 1)
+            return False
+        if delivery.attempt == 1:
+            return True  # max_attempts=1: a first delivery is no redelivery
+        if self._defer(delivery, deadline):
+            return False
+        try:
+            await self._isolate(receiver, flush)
+        except asyncio.CancelledError:
+            link.buffer.put_back_front(delivery, deadline)
+            raise
+        if _now() > deadline:
+            return False
+        self.held = delivery
         return True
-    state.held = None  # settled, or its lease ran out (the consumer swept it)
-    return False
 
+    def _defer(self, delivery: Delivery[Any], deadline: float) -> bool:
+        """Put ``delivery`` behind the first-time messages fetched after it (once)."""
+        deferred = self._deferred
+        if delivery.id in deferred:
+            deferred.discard(delivery.id)
+            return False
+        buffer = self._link.buffer
+        if not buffer.has_first_time_behind():
+            return False
+        if len(deferred) >= _REMEMBER:
+            deferred.clear()
+        deferred.add(delivery.id)
+        buffer.put_back_behind(delivery, deadline)
+        return True
 
-async def last_attempt(delivery: Delivery[Any], deadline: float, consumer: Any) -> bool:
-    """For a delivery with ``attempt >= max_attempts``: True to hand it out now (alone),
-    False when it went to the DLQ, was put behind first-time messages, or its lease ran
-    out meanwhile. Cancel-safe: a cancelled call puts the delivery back in front."""
-    if delivery.attempt > consumer.max_attempts:
-        # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
-        await consumer.move_to_dlq(delivery, REASON_MAX_ATTEMPTS, attempts=delivery.attempt - 1)
-        return False
-    if delivery.attempt == 1:
-        return True  # max_attempts=1: a first delivery is no redelivery
-    state = _STATES.get(consumer)
-    if state is None:
-        state = _STATES[consumer] = _State()
-    if _defer(state, delivery, deadline, consumer):
-        return False
-    try:
-        await _isolate(consumer)
-    except asyncio.CancelledError:
-        consumer._buffer.appendleft((deadline, [delivery]))
-        consumer._buffered += 1
-        raise
-    if _now() > deadline:
-        return False
-    state.held = delivery
-    return True
-
-
-def _defer(state: _State, delivery: Delivery[Any], deadline: float, consumer: Any) -> bool:
-    """Put ``delivery`` behind the first-time messages fetched after it (once)."""
-    if delivery.id in state.deferred:
-        state.deferred.discard(delivery.id)
-        return False
-    behind = consumer._batch[consumer._batch_pos :]
-    if not any(d.attempt == 1 for d in behind) and not any(
-        d.attempt == 1 for _, batch in consumer._buffer for d in batch
-    ):
-        return False
-    if len(state.deferred) >= _REMEMBER:
-        state.deferred.clear()
-    state.deferred.add(delivery.id)
-    consumer._buffer.append((deadline, [delivery]))
-    consumer._buffered += 1
-    return True
-
-
-async def _isolate(consumer: Any) -> None:
-    """Steps 2-4 of the module's docstring."""
-    if consumer._held:
-        last = max(m._deadline for m in consumer._held)
-        while consumer._held and _now() < last and not consumer._closing:
-            await consumer._wait_for_slot()  # wakes at each settle, at most _POLL_WAIT later
-    fetch = consumer._fetch
-    if fetch is not None:
-        await asyncio.wait([fetch])
-        consumer._collect(fetch)
-    receiver = consumer._receiver
-    if receiver is not None and receiver.release_uncounted:
-        now = _now()
-        rest = consumer._batch[consumer._batch_pos :] if consumer._batch_deadline > now else []
-        for lease_end, batch in consumer._buffer:
-            if lease_end > now:
-                rest += batch
-        consumer._batch, consumer._batch_pos, consumer._buffered = [], 0, 0
-        consumer._buffer.clear()
-        if rest:
-            with contextlib.suppress(LeaseExpired):
-                await receiver.release(rest)
-    backend = consumer._backend
-    flush = backend.capabilities.ack_flush_interval if backend is not None else 0.0
-    if flush > 0:
-        await asyncio.sleep(flush)  # acks already made reach the broker before it goes out
+    async def _isolate(self, receiver: Receiver[Any], flush: float) -> None:
+        """Steps 2-4 of the module's docstring."""
+        await self._link.settle_held()
+        buffer = self._link.buffer
+        await buffer.finish_fetch()
+        if receiver.release_uncounted:
+            rest = buffer.drain_unexpired(_now())
+            if rest:
+                with contextlib.suppress(LeaseExpired):
+                    await receiver.release(rest)
+        if flush > 0:
+            await asyncio.sleep(flush)  # acks already made reach the broker before it goes out

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from brokerkit import _alone
+from brokerkit._alone import AloneLink, LastAttempts
 from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
@@ -20,6 +19,7 @@ from brokerkit._errors import (
     ResourceClosed,
     UnsupportedFeature,
 )
+from brokerkit._fetchbuffer import FetchBuffer
 from brokerkit._message import DeadLetterInfo, Outgoing
 from brokerkit._validate import check_seconds
 from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver, ReceiverSettings
@@ -253,20 +253,15 @@ class Consumer:
         self._receiver: Receiver[Any] | None = None
         # only DLQ copies carry the envelope
         self._message_class = _DeadLetterMessage if dead_letters else Message
-        # fetched, not yet handed out: the batch being handed out, then whole batches, each
-        # with the time its leases run out (ack_timeout after it arrived)
-        self._batch: list[Delivery[Any]] = []
-        self._batch_pos = 0
-        self._batch_deadline = 0.0
-        self._buffer: deque[tuple[float, list[Delivery[Any]]]] = deque()
-        self._buffered = 0
+        self._buffer = buffer = FetchBuffer(ack_timeout)  # fetched, not yet handed out
+        link_ = AloneLink(buffer, max_attempts, self.move_to_dlq, self._holds, self._settle_held)
+        self._alone = LastAttempts(link_)  # a last attempt is handed out alone
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
         self._held: set[Message] = set()  # handed out, not yet settled
         self._slot: asyncio.Future[None] | None = None  # made while the iterator waits for one
         self._next_sweep = 0.0
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
-        self._fetch: asyncio.Task[list[Delivery[Any]]] | None = None
         self._closing = False
         self._closed: asyncio.Future[None] | None = None
         self._open_lock = asyncio.Lock()
@@ -305,18 +300,18 @@ class Consumer:
         if receiver is None:
             await self.open()
             receiver = self._live_receiver()
+        buffer = self._buffer
+        alone = self._alone
         while True:
             # state is re-read after every await: close (or another iterating task) may
             # have moved it meanwhile
-            if len(self._held) >= self.max_in_flight or _alone.blocks(self):
+            if len(self._held) >= self.max_in_flight or (alone.held is not None and alone.blocks()):
                 await self._wait_for_slot()
                 if self._closing:
                     raise StopAsyncIteration
                 continue
-            pos = self._batch_pos
-            batch = self._batch
-            if pos < len(batch):
-                if self._fetch is not None:
+            if buffer.count:
+                if buffer.fetch is not None:
                     if self._since_yield >= _YIELD_EVERY:
                         # A caller that never waits (every ack coalesced, a CPU-bound
                         # handler) would starve the read-ahead fetch: let the loop move it.
@@ -324,43 +319,39 @@ class Consumer:
                         await asyncio.sleep(0)
                         continue
                     self._since_yield += 1
-                delivery = batch[pos]
-                self._batch_pos = pos + 1
-                buffered = self._buffered = self._buffered - 1
+                delivery = buffer.take()
+                assert delivery is not None  # count > 0
                 # read ahead: once half the prefetch is handed out, fetch that many more (not
                 # with prefetch=1: that asks for one message at a time, leased when asked for)
-                if buffered <= self._read_ahead_at and self._fetch is None and not self._closing:
+                buffered = buffer.count
+                if buffered <= self._read_ahead_at and buffer.fetch is None and not self._closing:
                     self._start_fetch(self.prefetch - buffered, wait=0.0)
-                deadline = self._batch_deadline
+                deadline = buffer.lease_end
                 if _now() > deadline:
                     continue  # the lease ran out while buffered: the broker redelivers it
                 if delivery.attempt >= self.max_attempts and not self.dead_letters:
-                    if not await _alone.last_attempt(delivery, deadline, self):  # or the DLQ
-                        continue
+                    flush = self._backend.capabilities.ack_flush_interval if self._backend else 0.0
+                    if not await alone.hand_out(delivery, deadline, receiver, flush):
+                        continue  # to the DLQ, put back, or its lease ran out meanwhile
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
                 return message
-            if self._buffer:
-                self._batch_deadline, self._batch = self._buffer.popleft()
-                self._batch_pos = 0
-                continue
             if self._closing:
                 raise StopAsyncIteration
             await self._fill()
 
     async def _fill(self) -> None:
-        receiver = self._receiver
-        assert receiver is not None
-        if self._fetch is None:
+        buffer = self._buffer
+        if buffer.fetch is None:
             self._start_fetch(self.prefetch, wait=_POLL_WAIT)
-        task = self._fetch
+        task = buffer.fetch
         assert task is not None
         # shield: cancelling __anext__ must not cancel a receive that may have leased messages;
-        # _collect keeps whatever it returns for the next call.
+        # the buffer keeps whatever it returns for the next call.
         await asyncio.shield(task)
         # Awaiting a task that is already done does not yield to the loop, so its done
         # callback may not have run yet: collect here rather than spin.
-        self._collect(task)
+        buffer.collect(task)
 
     def _start_fetch(self, count: int, *, wait: float) -> None:
         """Start one receive. A read-ahead one does not wait (``wait=0``): it only takes
@@ -368,21 +359,7 @@ class Consumer:
         for it); the caller's own fetch, when the buffer is empty, is the one that waits."""
         receiver = self._receiver
         assert receiver is not None
-        task = asyncio.ensure_future(receiver.receive(count, wait))
-        task.add_done_callback(self._collect)
-        self._fetch = task
-
-    def _collect(self, task: asyncio.Task[list[Delivery[Any]]]) -> None:
-        """Keep a finished fetch's deliveries; runs once per task (callback or caller)."""
-        if self._fetch is not task:
-            return
-        self._fetch = None
-        if task.cancelled() or task.exception() is not None:
-            return
-        deliveries = task.result()
-        if deliveries:
-            self._buffer.append((_now() + self.ack_timeout, deliveries))
-            self._buffered += len(deliveries)
+        self._buffer.start(receiver.receive(count, wait))
 
     def settled(self, message: Message) -> None:
         """A held message was settled (or its lease lost): it is no longer held."""
@@ -404,6 +381,16 @@ class Consumer:
         if self._slot is None:
             self._slot = asyncio.get_running_loop().create_future()
         await asyncio.wait((self._slot,), timeout=_POLL_WAIT)  # never cancels the shared future
+
+    def _holds(self, delivery: Delivery[Any]) -> bool:
+        return any(m._delivery is delivery for m in self._held)
+
+    async def _settle_held(self) -> None:
+        """Wait until the held messages are settled, their last lease ran out, or close."""
+        if self._held:
+            last = max(m._deadline for m in self._held)
+            while self._held and _now() < last and not self._closing:
+                await self._wait_for_slot()  # wakes at each settle, at most _POLL_WAIT later
 
     def _wake_slot(self) -> None:
         slot, self._slot = self._slot, None
@@ -459,7 +446,7 @@ class Consumer:
         receiver = self._receiver
         if receiver is None:
             return
-        fetch = self._fetch
+        fetch = self._buffer.fetch
         if fetch is not None:
             await asyncio.wait([fetch], timeout=_POLL_WAIT + 5.0)
             if not fetch.done():
@@ -475,12 +462,7 @@ class Consumer:
                 drained.cancel()
         now = _now()
         seen = [m._delivery for m in list(self._held) if m._give_back(now)]
-        unseen = self._batch[self._batch_pos :] if self._batch_deadline > now else []
-        for deadline, batch in self._buffer:
-            if deadline > now:
-                unseen += batch
-        self._batch, self._batch_pos, self._buffered = [], 0, 0
-        self._buffer.clear()
+        unseen = self._buffer.drain_unexpired(now)
         self._held.clear()
         try:
             # held by the caller and never settled: a failed attempt, like a crash

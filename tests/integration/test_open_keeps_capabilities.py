@@ -5,14 +5,14 @@ kept on the backend; a NATS server that takes less than ``max_message_bytes`` ma
 ``publish`` refuse a too-large body with MessageTooLarge before sending anything. The
 shared brokers (``BROKERKIT_REDIS_URL`` / ``BROKERKIT_NATS_URL``) are only read and
 written under fresh queue names; the small-``max_payload`` NATS server is a throwaway
-one of this test (skipped without a ``nats-server`` on PATH).
+one of this test, on the nats-server ``scripts/services`` installed. Both are mandatory:
+a broker that does not answer or a missing nats-server fails the test, never skips it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -21,13 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _process import terminate
+from _process import nats_server_binary, required, terminate
 
 import brokerkit
 
 REDIS_URL = os.environ.get("BROKERKIT_REDIS_URL", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("BROKERKIT_NATS_URL", "nats://127.0.0.1:4222")
-NATS_SERVER = shutil.which("nats-server")
 MAX_PAYLOAD = 400 * 1024
 HEADER_ROOM = 64 * 1024  # what the NATS backend keeps of max_payload for headers
 
@@ -42,7 +41,7 @@ async def test_open_does_not_replace_capabilities(url: str) -> None:
         try:
             await broker.publish(queue, b"opens the connection")
         except brokerkit.BrokerUnavailable:
-            pytest.skip(f"no broker at {brokerkit.BrokerURL.parse(url).redacted()}")
+            pytest.fail(f"no broker at {brokerkit.BrokerURL.parse(url).redacted()}", pytrace=False)
         assert broker.capabilities is caps and broker.backend.capabilities is caps
         assert caps == before  # the same as an unopened backend's
         version = getattr(broker.backend, "server_version", None)
@@ -60,8 +59,7 @@ def _free_port() -> int:
 
 @pytest.fixture
 def small_nats(tmp_path: Path) -> Iterator[str]:
-    if NATS_SERVER is None:
-        pytest.skip("no nats-server binary on PATH to run a throwaway server")
+    nats_server = required(nats_server_binary(), "no nats-server (scripts/services up nats)")
     port = _free_port()
     conf = tmp_path / "nats.conf"
     conf.write_text(
@@ -71,7 +69,7 @@ def small_nats(tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [NATS_SERVER, "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT
+            [nats_server, "-c", str(conf)], stdout=out, stderr=subprocess.STDOUT
         )
     try:
         deadline = time.monotonic() + 60

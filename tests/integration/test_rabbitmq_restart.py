@@ -34,12 +34,16 @@ import brokerkit
 
 pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit-mq[rabbitmq])")
 
+from _process import required
 from _rabbit_node import RABBIT_BIN, RabbitNode
 
-pytestmark = pytest.mark.skipif(
-    not (RABBIT_BIN / "rabbitmq-server").exists(),
-    reason="no rabbitmq-server at /usr/lib/rabbitmq/bin (scripts/services up rabbitmq)",
-)
+
+@pytest.fixture(autouse=True)
+def _rabbitmq_server() -> None:
+    """Mandatory: without the rabbitmq-server scripts/services installs, fail (never skip)."""
+    found = RABBIT_BIN / "rabbitmq-server"
+    required(str(found) if found.exists() else None, f"no {found} (scripts/services up rabbitmq)")
+
 
 ACK_TIMEOUT = 3.0
 DOWN_FOR = 2.0

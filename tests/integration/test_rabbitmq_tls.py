@@ -24,12 +24,16 @@ import brokerkit
 
 pytest.importorskip("aiormq", reason="aio-pika is not installed (brokerkit-mq[rabbitmq])")
 
+from _process import required
 from _rabbit_node import RABBIT_BIN, RabbitNode
 
-pytestmark = pytest.mark.skipif(
-    not (RABBIT_BIN / "rabbitmq-server").exists() or shutil.which("openssl") is None,
-    reason="needs rabbitmq-server at /usr/lib/rabbitmq/bin and the openssl CLI",
-)
+
+@pytest.fixture(autouse=True)
+def _rabbitmq_server_and_openssl() -> None:
+    """Mandatory: without rabbitmq-server (scripts/services) or openssl, fail (never skip)."""
+    found = RABBIT_BIN / "rabbitmq-server"
+    required(str(found) if found.exists() else None, f"no {found} (scripts/services up rabbitmq)")
+    required(shutil.which("openssl"), "no openssl CLI (it makes the test's certificates)")
 
 
 def _certificates(d: Path) -> tuple[Path, Path, Path]:

@@ -1,0 +1,105 @@
+"""A consumer's fetch buffer: what was fetched and not yet handed out, and the fetch in flight.
+
+Deliveries arrive in batches, one per receive; each batch carries the time its leases run
+out (``ack_timeout`` after it arrived). ``take`` hands them out in order. At most one
+receive is in flight; its deliveries join the buffer when it finishes (``collect``, which
+runs once per fetch, from its done callback or from whoever awaited it first).
+
+Shared by ``Consumer`` (hand-out, read-ahead, close) and the last-attempt policy in
+``_alone`` (put back, give back): neither reaches into the other's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any
+
+from brokerkit.backends.base import Delivery
+
+_now = time.monotonic  # the lease clock: the event loop's
+
+
+class FetchBuffer:
+    """Fetched deliveries in arrival order, each batch with its lease end; one fetch at a time."""
+
+    __slots__ = ("_ack_timeout", "_batch", "_batches", "_pos", "count", "fetch", "lease_end")
+
+    def __init__(self, ack_timeout: float) -> None:
+        self._ack_timeout = ack_timeout
+        self._batch: list[Delivery[Any]] = []  # the batch being handed out, from _pos on
+        self._pos = 0
+        self._batches: deque[tuple[float, list[Delivery[Any]]]] = deque()  # then these
+        self.count = 0
+        """Deliveries buffered and not yet taken (none of its batches is empty)."""
+        self.lease_end = 0.0
+        """When the leases of the batch ``take`` last took from run out."""
+        self.fetch: asyncio.Task[list[Delivery[Any]]] | None = None
+        """The receive in flight, if any."""
+
+    def take(self) -> Delivery[Any] | None:
+        """The next delivery (its lease end is then ``lease_end``), or None when empty."""
+        pos = self._pos
+        batch = self._batch
+        while pos >= len(batch):
+            if not self._batches:
+                return None
+            self.lease_end, batch = self._batches.popleft()
+            self._batch = batch
+            pos = 0
+        self._pos = pos + 1
+        self.count -= 1
+        return batch[pos]
+
+    def put_back_front(self, delivery: Delivery[Any], lease_end: float) -> None:
+        """Hand ``delivery`` out again next, after the batch being handed out."""
+        self._batches.appendleft((lease_end, [delivery]))
+        self.count += 1
+
+    def put_back_behind(self, delivery: Delivery[Any], lease_end: float) -> None:
+        """Hand ``delivery`` out again after everything buffered now."""
+        self._batches.append((lease_end, [delivery]))
+        self.count += 1
+
+    def has_first_time_behind(self) -> bool:
+        """True if a first delivery (``attempt == 1``) is buffered."""
+        if any(d.attempt == 1 for d in self._batch[self._pos :]):
+            return True
+        return any(d.attempt == 1 for _, batch in self._batches for d in batch)
+
+    def drain_unexpired(self, now: float) -> list[Delivery[Any]]:
+        """Empty the buffer; return what it held whose leases had not run out at ``now``."""
+        rest = self._batch[self._pos :] if self.lease_end > now else []
+        for lease_end, batch in self._batches:
+            if lease_end > now:
+                rest += batch
+        self._batch, self._pos, self.count = [], 0, 0
+        self._batches.clear()
+        return rest
+
+    def start(self, receive: Coroutine[Any, Any, list[Delivery[Any]]]) -> None:
+        """Run ``receive`` (a receiver's ``receive(...)``) as the fetch in flight."""
+        task = asyncio.ensure_future(receive)
+        task.add_done_callback(self.collect)
+        self.fetch = task
+
+    def collect(self, task: asyncio.Task[list[Delivery[Any]]]) -> None:
+        """Keep a finished fetch's deliveries; runs once per fetch (callback or caller)."""
+        if self.fetch is not task:
+            return
+        self.fetch = None
+        if task.cancelled() or task.exception() is not None:
+            return
+        deliveries = task.result()
+        if deliveries:
+            self._batches.append((_now() + self._ack_timeout, deliveries))
+            self.count += len(deliveries)
+
+    async def finish_fetch(self) -> None:
+        """Wait for the fetch in flight, if any, and keep what it brought."""
+        fetch = self.fetch
+        if fetch is not None:
+            await asyncio.wait([fetch])
+            self.collect(fetch)

@@ -1,0 +1,111 @@
+"""The consumer's fetch buffer: hand-out order, lease ends, put-backs, give-back, one fetch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from brokerkit._fetchbuffer import FetchBuffer
+from brokerkit.backends import NO_EXTRAS, NO_HEADERS, Delivery
+
+
+def _d(name: str, attempt: int = 1) -> Delivery[Any]:
+    return Delivery(name, b"", NO_HEADERS, None, None, attempt, name, NO_EXTRAS)
+
+
+async def _filled(buffer: FetchBuffer, *batches: list[Delivery[Any]]) -> None:
+    for batch in batches:
+
+        async def receive(batch: list[Delivery[Any]] = batch) -> list[Delivery[Any]]:
+            return batch
+
+        buffer.start(receive())
+        assert buffer.fetch is not None
+        await buffer.finish_fetch()
+        assert buffer.fetch is None
+
+
+def _ids(buffer: FetchBuffer) -> list[str]:
+    out = []
+    while (d := buffer.take()) is not None:
+        out.append(d.id)
+    return out
+
+
+async def test_batches_are_handed_out_in_arrival_order_each_with_its_lease_end() -> None:
+    buffer = FetchBuffer(ack_timeout=30.0)
+    assert buffer.take() is None
+    await _filled(buffer, [_d("a"), _d("b")])
+    first_end = asyncio.get_running_loop().time() + 30.0
+    await asyncio.sleep(0.01)
+    await _filled(buffer, [_d("c")])
+    assert buffer.count == 3
+    assert buffer.take() is not None and buffer.lease_end <= first_end + 0.005
+    a_end = buffer.lease_end
+    assert [buffer.take().id, buffer.count] == ["b", 1]  # type: ignore[union-attr]
+    assert buffer.take().id == "c" and buffer.lease_end > a_end  # type: ignore[union-attr]
+    assert buffer.take() is None and buffer.count == 0
+
+
+async def test_put_back_front_comes_next_after_the_current_batch_behind_after_all() -> None:
+    buffer = FetchBuffer(ack_timeout=30.0)
+    await _filled(buffer, [_d("a"), _d("b")], [_d("c")])
+    assert buffer.take().id == "a"  # type: ignore[union-attr]
+    buffer.put_back_front(_d("x", 3), 123.0)
+    buffer.put_back_behind(_d("y", 3), 456.0)
+    assert buffer.count == 4
+    assert buffer.take().id == "b"  # type: ignore[union-attr]
+    assert (buffer.take().id, buffer.lease_end) == ("x", 123.0)  # type: ignore[union-attr]
+    assert buffer.take().id == "c"  # type: ignore[union-attr]
+    assert (buffer.take().id, buffer.lease_end) == ("y", 456.0)  # type: ignore[union-attr]
+
+
+async def test_has_first_time_behind_sees_the_current_batch_and_the_queued_ones() -> None:
+    buffer = FetchBuffer(ack_timeout=30.0)
+    assert not buffer.has_first_time_behind()
+    await _filled(buffer, [_d("a", 2), _d("b", 2)])
+    assert not buffer.has_first_time_behind()
+    buffer.put_back_behind(_d("c", 1), 1e18)
+    assert buffer.has_first_time_behind()
+    assert _ids(buffer) == ["a", "b", "c"]
+    await _filled(buffer, [_d("d", 2), _d("e", 1)])
+    buffer.take()
+    assert buffer.has_first_time_behind()  # "e", in the batch being handed out
+    buffer.take()
+    assert not buffer.has_first_time_behind()
+
+
+async def test_drain_unexpired_empties_it_and_drops_what_ran_out() -> None:
+    buffer = FetchBuffer(ack_timeout=30.0)
+    await _filled(buffer, [_d("a"), _d("b")])
+    buffer.take()
+    buffer.put_back_behind(_d("old"), 5.0)  # ran out at 5
+    buffer.put_back_behind(_d("new"), 1e18)
+    assert [d.id for d in buffer.drain_unexpired(now=10.0)] == ["b", "new"]
+    assert buffer.count == 0 and buffer.take() is None
+
+
+async def test_a_failed_or_cancelled_fetch_adds_nothing_and_collect_runs_once() -> None:
+    buffer = FetchBuffer(ack_timeout=30.0)
+
+    async def fails() -> list[Delivery[Any]]:
+        raise OSError("down")
+
+    buffer.start(fails())
+    await buffer.finish_fetch()
+    assert buffer.fetch is None and buffer.count == 0
+    gate = asyncio.Event()
+
+    async def slow() -> list[Delivery[Any]]:
+        await gate.wait()
+        return [_d("a")]
+
+    buffer.start(slow())
+    task = buffer.fetch
+    assert task is not None
+    gate.set()
+    await asyncio.wait([task])
+    buffer.collect(task)
+    buffer.collect(task)  # the done callback, or a second caller: no second copy
+    await asyncio.sleep(0)
+    assert buffer.count == 1 and _ids(buffer) == ["a"]

@@ -195,8 +195,7 @@ class KafkaNode:
                     self._classpath(),
                     "kafka.tools.StorageTool",
                     "format",
-                    "-t",
-                    cluster_id,
+                    f"--cluster-id={cluster_id}",  # one word: an id may begin with "-"
                     "-c",
                     str(self.props),
                 ],

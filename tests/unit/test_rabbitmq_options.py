@@ -96,12 +96,13 @@ def test_topology_names_and_arguments() -> None:
     t = Topology("brokerkit", "orders")
     assert t.free == "brokerkit.orders"
     assert t.partition(3) == "brokerkit.orders.p.3"
-    assert (t.dlq, t.ledger, t.meta) == (
+    assert (t.dlq, t.ledger, t.attempts, t.meta) == (
         "brokerkit.orders.dlq",
         "brokerkit.orders.ledger",
+        "brokerkit.orders.attempts",
         "brokerkit.orders.meta",
     )
-    assert len(set(t.everything(4))) == 4 + 6
+    assert len(set(t.everything(4))) == 4 + 7
     args = quorum_arguments(single_active=True)
     assert args["x-queue-type"] == "quorum" and args["x-single-active-consumer"] is True
     assert args["x-delivery-limit"] == DELIVERY_LIMIT == 2**31 - 1

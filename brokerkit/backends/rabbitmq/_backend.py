@@ -31,6 +31,7 @@ from brokerkit.backends import (
     parse_options,
 )
 from brokerkit.backends.rabbitmq import _frames as frames
+from brokerkit.backends.rabbitmq._attempts import AttemptBook
 from brokerkit.backends.rabbitmq._codec import new_id, properties
 from brokerkit.backends.rabbitmq._held import Source
 from brokerkit.backends.rabbitmq._ledger import Ledger
@@ -72,6 +73,7 @@ class RabbitBackend(Backend):
         self._link = Link(options, url=url, connection=connection)
         self._receivers: set[RabbitReceiver] = set()
         self._ledgers: dict[str, Ledger] = {}
+        self._books: dict[str, AttemptBook] = {}
         self._window_ms = int(options.dedup_window * 1000)
         self.capabilities = Capabilities(
             max_message_bytes=options.max_message_bytes,
@@ -131,7 +133,10 @@ class RabbitBackend(Backend):
         self._receivers.clear()
         for ledger in self._ledgers.values():
             await ledger.aclose()
+        for book in self._books.values():
+            await book.aclose()
         self._ledgers.clear()
+        self._books.clear()
         await self._link.aclose()
 
     # -- topology -----------------------------------------------------------------------
@@ -156,13 +161,14 @@ class RabbitBackend(Backend):
             )
 
     async def delete_queue(self, queue: str) -> None:
-        """Delete every RabbitMQ queue of ``queue``: free, partitions, DLQ, ledger, markers."""
+        """Delete every RabbitMQ queue of ``queue``: free, partitions, DLQ, the ledger and
+        attempts streams, markers."""
         topology = self._topology(queue)
         partitions = await self._link.partitions(topology)
         names = topology.everything(partitions)
-        ledger = self._ledgers.pop(queue, None)
-        if ledger is not None:
-            await ledger.aclose()
+        for log in (self._ledgers.pop(queue, None), self._books.pop(queue, None)):
+            if log is not None:
+                await log.aclose()
 
         async def delete(channel: aiormq.abc.AbstractChannel) -> None:
             for name in names:
@@ -343,11 +349,18 @@ class RabbitBackend(Backend):
             sources,
             settings,
             ledger=ledger,
+            book=self._book(topology),
             dead_letters=queue.dead_letters,
             redeclare=redeclare,
         )
         self._receivers.add(receiver)
         return receiver
+
+    def _book(self, topology: Topology) -> AttemptBook:
+        book = self._books.get(topology.queue)
+        if book is None:
+            book = self._books[topology.queue] = AttemptBook(self._link, topology)
+        return book
 
     def _ledger(self, topology: Topology) -> Ledger:
         ledger = self._ledgers.get(topology.queue)

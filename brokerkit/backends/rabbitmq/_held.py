@@ -44,7 +44,9 @@ class Held:
     """One delivery, unacked on the receiver's channel."""
 
     __slots__ = (
+        "attempt",
         "body",
+        "booked",
         "deadline",
         "generation",
         "group",
@@ -70,6 +72,15 @@ class Held:
         self.deadline = 0.0
         self.seen = False
         """Handed out at least once: giving it back is a failed attempt (reject)."""
+        self.booked = False
+        """This hand-out of a redelivery is recorded in the attempt book (``_attempts``)."""
+        self.attempt = incoming.attempt
+        """The attempt handed out: the broker's count, or the book's for a redelivery."""
+
+    @property
+    def key(self) -> str:
+        """This message's key in the attempt book."""
+        return f"{self.source.name}/{self.incoming.id}"
 
 
 class Lease:

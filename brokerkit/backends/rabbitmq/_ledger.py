@@ -26,26 +26,17 @@ record wins for all of them.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-import aiormq
-from pamqp.commands import Basic
-
-from brokerkit.backends import BrokerRefused
-from brokerkit.backends.rabbitmq._codec import new_id
 from brokerkit.backends.rabbitmq._link import Link
-from brokerkit.backends.rabbitmq._topology import Topology, stream_arguments
+from brokerkit.backends.rabbitmq._streamlog import StreamLog
+from brokerkit.backends.rabbitmq._topology import Topology
 
 __all__ = ["Ledger"]
 
-_log = logging.getLogger(__name__)
-
 _HORIZON_MARGIN = 60.0
-_PREFETCH = 1000
 _PRUNE_EVERY = 1024
 
 
@@ -53,42 +44,22 @@ class Ledger:
     """The dedup ledger of one queue, as read by one connection."""
 
     def __init__(self, link: Link, topology: Topology, window: float) -> None:
-        self._link = link
-        self._stream = topology.ledger
         self._horizon = window + _HORIZON_MARGIN
         self._first: dict[str, tuple[str, int]] = {}
-        self._waiting: dict[str, asyncio.Future[None]] = {}
-        self._channel: aiormq.abc.AbstractChannel | None = None
-        self._starting: asyncio.Future[None] | None = None
         self._applied = 0
+        self._log = StreamLog(
+            link, topology.ledger, start=self._start, apply=self._apply, reset=self._first.clear
+        )
 
     async def admit(self, dedup_id: str, message_id: str, stamp: tuple[int, int] | None) -> bool:
         """True to deliver this message, False for a duplicate inside an open window."""
         published = stamp[0] if stamp else int(time.time() * 1000)
         until = stamp[1] if stamp else published + int(self._horizon * 1000)
-        await self._started()
+        await self._log.started()
         verdict = self._verdict(dedup_id, message_id, published)
         if verdict is not None:
             return verdict
-        nonce = new_id()
-        seen = asyncio.get_running_loop().create_future()
-        self._waiting[nonce] = seen
-        record = {"d": dedup_id, "m": message_id, "t": published, "u": until, "n": nonce}
-        try:
-            publisher = await self._link.publisher()
-            with self._link.errors:
-                confirm = await publisher.basic_publish(
-                    json.dumps(record, separators=(",", ":")).encode(),
-                    routing_key=self._stream,
-                    properties=Basic.Properties(delivery_mode=2),
-                    mandatory=True,
-                    timeout=self._link.options.request_timeout,
-                )
-            if not isinstance(confirm, Basic.Ack):
-                raise BrokerRefused(f"the dedup ledger {self._stream!r} refused a record")
-            await asyncio.wait_for(seen, self._link.options.request_timeout)
-        finally:
-            self._waiting.pop(nonce, None)
+        await self._log.append([{"d": dedup_id, "m": message_id, "t": published, "u": until}])
         verdict = self._verdict(dedup_id, message_id, published)
         return bool(verdict)
 
@@ -102,52 +73,18 @@ class Ledger:
             return False  # a duplicate inside the winner's window
         return None  # the window closed: this one needs a record of its own
 
-    async def _started(self) -> None:
-        channel = self._channel
-        if channel is not None and not channel.is_closed:
-            return
-        if self._starting is None or self._starting.done():
-            self._starting = asyncio.ensure_future(self._start())
-        await asyncio.shield(self._starting)
+    def _start(self) -> datetime:
+        return datetime.now(UTC) - timedelta(seconds=self._horizon)
 
-    async def _start(self) -> None:
-        link = self._link
-        await link.ensure(self._stream, stream_arguments())
-        self._first.clear()  # rebuilt from the stream, from the horizon on
-        channel, _ = await link.channel()
-        with link.errors:
-            await channel.basic_qos(prefetch_count=_PREFETCH)
-            start = datetime.now(UTC) - timedelta(seconds=self._horizon)
-            await channel.basic_consume(
-                self._stream,
-                lambda message: self._on_record(channel, message),
-                arguments={"x-stream-offset": start},
-            )
-        self._channel = channel
-
-    async def _on_record(
-        self, channel: aiormq.abc.AbstractChannel, message: aiormq.abc.DeliveredMessage
-    ) -> None:
-        try:
-            record = json.loads(message.body)
-            dedup_id, message_id = str(record["d"]), str(record["m"])
-            published, until = int(record["t"]), int(record["u"])
-            nonce = str(record.get("n", ""))
-        except (ValueError, KeyError, TypeError):
-            record = None
-        if record is not None:
-            first = self._first.get(dedup_id)
-            if first is None or published >= first[1]:
-                self._first[dedup_id] = (message_id, until)
-            seen = self._waiting.pop(nonce, None)
-            if seen is not None and not seen.done():
-                seen.set_result(None)
-            self._applied += 1
-            if self._applied % _PRUNE_EVERY == 0:
-                self._prune()
-        tag = getattr(message.delivery, "delivery_tag", None)
-        if isinstance(tag, int) and not channel.is_closed:
-            await channel.basic_ack(tag, wait=False)
+    def _apply(self, record: dict[str, Any]) -> None:
+        dedup_id, message_id = str(record["d"]), str(record["m"])
+        published, until = int(record["t"]), int(record["u"])
+        first = self._first.get(dedup_id)
+        if first is None or published >= first[1]:
+            self._first[dedup_id] = (message_id, until)
+        self._applied += 1
+        if self._applied % _PRUNE_EVERY == 0:
+            self._prune()
 
     def _prune(self) -> None:
         now = int(time.time() * 1000) - int(_HORIZON_MARGIN * 1000)
@@ -155,9 +92,4 @@ class Ledger:
             del self._first[key]
 
     async def aclose(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None and not channel.is_closed:
-            try:
-                await asyncio.wait_for(channel.close(), 5)
-            except (aiormq.exceptions.AMQPError, OSError, TimeoutError, RuntimeError):
-                pass
+        await self._log.aclose()

@@ -20,13 +20,14 @@ unless ``?prefetch=`` is given. Delivery states: see ``_held``.
   order (see ``aclose``: explicitly for unordered sources, by the channel close for
   partitions, so a partition changes hands in one broker step);
 * the channel lost (connection drop, broker restart) -> every receipt is void
-  (LeaseExpired; the broker took them all back) and the next ``receive`` subscribes anew.
+  (LeaseExpired; the broker took them all back) and the next ``receive`` subscribes anew;
+* attempt -> 1 for a first delivery; a redelivery's from the attempt book (``_attempts``),
+  which counts hand-outs, not what the broker pushed to a consumer that died.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
 from collections import deque
@@ -44,8 +45,10 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
 )
-from brokerkit.backends.rabbitmq import _frames as frames
+from brokerkit.backends.rabbitmq._acks import AckBatch
+from brokerkit.backends.rabbitmq._attempts import AttemptBook
 from brokerkit.backends.rabbitmq._codec import parse
+from brokerkit.backends.rabbitmq._deadlines import Deadlines
 from brokerkit.backends.rabbitmq._errors import MAPPED
 from brokerkit.backends.rabbitmq._held import (
     DELAYED,
@@ -77,6 +80,9 @@ _tokens = itertools.count(1)
 class RabbitReceiver(Receiver[Lease]):
     """One consumer's channel; see the module docstring for the mechanisms."""
 
+    release_uncounted = True
+    """A release keeps the delivery here, and takes its hand-out out of the attempt book."""
+
     def __init__(
         self,
         link: Link,
@@ -84,6 +90,7 @@ class RabbitReceiver(Receiver[Lease]):
         settings: ReceiverSettings,
         *,
         ledger: Ledger | None,
+        book: AttemptBook,
         dead_letters: bool,
         redeclare: Callable[[], Awaitable[None]],
     ) -> None:
@@ -92,6 +99,7 @@ class RabbitReceiver(Receiver[Lease]):
         self._sources = list(sources)
         self._lease = settings.ack_timeout
         self._ledger = ledger
+        self._book = book
         self._dead_letters = dead_letters
         self._channel: aiormq.abc.AbstractChannel | None = None
         self._generation = 0
@@ -99,16 +107,11 @@ class RabbitReceiver(Receiver[Lease]):
         self._ready: deque[Held] = deque()
         self._gate: GroupGate[Held] = GroupGate()
         self._returning: dict[str, Held] = {}
-        # leases in hand-out order (deadlines never decrease: one ack_timeout, a rising
-        # clock), pruned from the front as they settle; extended ones in a heap
-        self._leases: deque[tuple[float, int, Held]] = deque()
-        self._extended: list[tuple[float, int, Held]] = []
-        self._dues: list[tuple[float, int, Held]] = []
+        self._deadlines = Deadlines()
         self._wakeup = asyncio.Event()
         self._janitor: asyncio.Task[None] | None = None
         self._stagers: set[asyncio.Task[None]] = set()
-        self._acks: list[int] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._acks = AckBatch(link, lambda: (self._channel, self._unacked))
         self._closing = False
 
     # -- subscribing ------------------------------------------------------------------
@@ -166,13 +169,11 @@ class RabbitReceiver(Receiver[Lease]):
         if not self._closing:
             _log.warning("RabbitMQ channel of a receiver closed; it will subscribe again")
         self._unacked = {}
-        self._acks = []  # tags of the old channel: never written on a new one
+        self._acks.drop()
         self._ready.clear()
         self._gate = GroupGate()
         self._returning.clear()
-        self._leases.clear()
-        self._extended.clear()
-        self._dues.clear()
+        self._deadlines.clear()
         for source in self._sources:
             source.staging.clear()
         self._wakeup.set()
@@ -210,6 +211,7 @@ class RabbitReceiver(Receiver[Lease]):
                 back.tag, back.generation, back.incoming = tag, generation, incoming
                 back.body = message.body
                 back.state = READY
+                back.booked, back.attempt = False, incoming.attempt
                 self._unacked[tag] = back
                 if self._closing:
                     return
@@ -274,13 +276,22 @@ class RabbitReceiver(Receiver[Lease]):
                 await asyncio.sleep(max(0.0, min(_RESUBSCRIBE_PAUSE, end - loop.time())))
                 return []
             await self._fire_dues(now, grace=0.0)
-            out = self._take(max_messages, now)
+            out, redeliveries = self._take(max_messages, now)
+            if redeliveries:
+                try:
+                    await self._book.hand_out(redeliveries)
+                except (*MAPPED, TimeoutError) as exc:
+                    _log.warning("attempt book not written (%r): deliveries kept", exc)
+                    self._put_back(out)  # nothing handed out
+                    await asyncio.sleep(_RESUBSCRIBE_PAUSE)
+                    return []
             if out or now >= end:
                 return out
             self._wakeup.clear()
             timeout = end - now
-            if self._dues:
-                timeout = min(timeout, self._dues[0][0] - now)
+            due = self._deadlines.next_due()
+            if due is not None:
+                timeout = min(timeout, due - now)
             try:
                 await asyncio.wait_for(self._wakeup.wait(), max(timeout, 0.001))
             except TimeoutError:
@@ -288,9 +299,14 @@ class RabbitReceiver(Receiver[Lease]):
             now = loop.time()
         return []
 
-    def _take(self, max_messages: int, now: float) -> list[Delivery[Lease]]:
+    def _take(
+        self, max_messages: int, now: float
+    ) -> tuple[list[Delivery[Lease]], list[Delivery[Lease]]]:
+        """Lease up to ``max_messages`` ready deliveries; also those of them whose attempt
+        the book must count (redeliveries not yet recorded for this hand-out)."""
         out: list[Delivery[Lease]] = []
-        ready, gate, lease, leases = self._ready, self._gate, self._lease, self._leases
+        redeliveries: list[Delivery[Lease]] = []
+        ready, gate, lease, leases = self._ready, self._gate, self._lease, self._deadlines.leases
         dead_letters = self._dead_letters
         while ready and len(out) < max_messages:
             held = ready.popleft()
@@ -304,18 +320,19 @@ class RabbitReceiver(Receiver[Lease]):
             held.deadline = deadline = now + lease
             leases.append((deadline, token, held))
             incoming = held.incoming
-            out.append(
-                Delivery(
-                    id=incoming.id,
-                    body=held.body,
-                    headers=incoming.headers,
-                    fifo_group=incoming.fifo_group,
-                    dedup_id=None if dead_letters else incoming.dedup_id,
-                    attempt=incoming.attempt,
-                    receipt=Lease(held, token),
-                )
+            delivery = Delivery(
+                id=incoming.id,
+                body=held.body,
+                headers=incoming.headers,
+                fifo_group=incoming.fifo_group,
+                dedup_id=None if dead_letters else incoming.dedup_id,
+                attempt=held.attempt,
+                receipt=Lease(held, token),
             )
-        return out
+            out.append(delivery)
+            if incoming.attempt > 1 and not held.booked:
+                redeliveries.append(delivery)
+        return out, redeliveries
 
     # -- settling ---------------------------------------------------------------------
 
@@ -352,46 +369,31 @@ class RabbitReceiver(Receiver[Lease]):
         if self._channel is None or held.generation != self._generation:
             raise LeaseExpired("the channel closed: the broker took the message back")
         self._unacked.pop(held.tag, None)
-        self._acks.append(held.tag)
-        if self._flusher is None:
-            self._flusher = asyncio.ensure_future(self._flush_acks())
-
-    async def _flush_acks(self) -> None:
-        try:
-            await asyncio.sleep(0)  # let the acks of this turn of the loop gather
-        finally:
-            self._flusher = None
-            await self._write_acks()
-
-    async def _write_acks(self) -> None:
-        acks, self._acks = self._acks, []
-        channel = self._channel
-        if not acks or channel is None or channel.is_closed:
-            return  # the channel is gone: the broker redelivers them (at-least-once)
-        lowest = next(iter(self._unacked), None)  # dict order is delivery-tag order
-        try:
-            with self._link.errors:
-                await frames.send_acks(channel, acks, lowest)
-        except MAPPED as exc:
-            _log.debug("acks not written (the broker redelivers them): %s", exc)
+        self._acks.add(held.tag)
 
     async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
         """nack -> held here until ``delay`` passed, then ``basic.reject(requeue=True)``."""
         held = self._held(delivery, "nack")
         now = asyncio.get_running_loop().time()
         held.state = DELAYED
-        held.token = token = next(_tokens)
-        heapq.heappush(self._dues, (now + max(delay, 0.0), token, held))
+        held.token = next(_tokens)
+        self._deadlines.due(now + max(delay, 0.0), held)
         self._wakeup.set()
 
     async def extend(self, delivery: Delivery[Lease], ack_timeout: float) -> None:
         """extend -> a later deadline here (the broker has no lease to renew)."""
         held = self._held(delivery, "extend")
-        held.deadline = deadline = asyncio.get_running_loop().time() + ack_timeout
-        heapq.heappush(self._extended, (deadline, held.token, held))
+        held.deadline = asyncio.get_running_loop().time() + ack_timeout
+        self._deadlines.extend(held)
 
     async def release(self, deliveries: Sequence[Delivery[Lease]]) -> None:
-        """Unseen deliveries go back to the front here (``aclose`` returns them uncounted)."""
+        """Unseen deliveries go back to the front here, their hand-outs taken out of the
+        attempt book (``aclose`` gives them back to the broker as never seen)."""
+        await self._book.give_back([d.receipt.held for d in self._put_back(deliveries)])
+
+    def _put_back(self, deliveries: Sequence[Delivery[Lease]]) -> list[Delivery[Lease]]:
+        """Deliveries still leased go back to the front here, in order; returns them."""
+        back = []
         for delivery in reversed(deliveries):
             lease = delivery.receipt
             held = lease.held
@@ -403,6 +405,8 @@ class RabbitReceiver(Receiver[Lease]):
             if held.group is not None:
                 self._gate.give_back(held.group)
             self._ready.appendleft(held)
+            back.append(delivery)
+        return back
 
     async def _return(self, held: Held) -> None:
         """``basic.reject(requeue=True)``: the broker counts a failed delivery."""
@@ -418,11 +422,8 @@ class RabbitReceiver(Receiver[Lease]):
             await channel.basic_reject(held.tag, requeue=True, wait=False)
 
     async def _fire_dues(self, now: float, *, grace: float) -> None:
-        dues = self._dues
-        while dues and dues[0][0] + grace <= now:
-            _, token, held = heapq.heappop(dues)
-            if held.state == DELAYED and held.token == token:
-                await self._return(held)
+        for held in self._deadlines.fired(now, grace):
+            await self._return(held)
 
     async def _janitor_loop(self) -> None:
         """Lease expiries (rejected at once) and dues nobody received for (after a grace)."""
@@ -430,19 +431,9 @@ class RabbitReceiver(Receiver[Lease]):
         while not self._closing:
             await asyncio.sleep(_JANITOR_TICK)
             now = loop.time()
-            leases, extended = self._leases, self._extended
             try:
-                while leases:
-                    deadline, token, held = leases[0]
-                    if held.state == LEASED and held.token == token and deadline > now:
-                        break  # the oldest live lease has time left
-                    leases.popleft()  # settled, re-leased, extended or expired
-                    if held.state == LEASED and held.token == token and held.deadline <= now:
-                        await self._return(held)
-                while extended and extended[0][0] <= now:
-                    _, token, held = heapq.heappop(extended)
-                    if held.state == LEASED and held.token == token and held.deadline <= now:
-                        await self._return(held)
+                for held in self._deadlines.expired(now):
+                    await self._return(held)
                 await self._fire_dues(now, grace=_LAZY_GRACE)
             except MAPPED as exc:
                 _log.debug("receiver janitor: %s", exc)
@@ -473,7 +464,7 @@ class RabbitReceiver(Receiver[Lease]):
         channel = self._channel
         if channel is None:
             return
-        await self._write_acks()  # what the caller acked is acked
+        await self._acks.write()  # what the caller acked is acked
         try:
             unordered = [s for s in self._sources if not s.ordered]
             for source in unordered:

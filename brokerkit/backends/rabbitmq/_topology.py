@@ -8,6 +8,7 @@ Pure data, no I/O. For queue ``Q`` and prefix ``P`` (default ``brokerkit``):
                                     ``crc32(g) % N``; ``x-single-active-consumer``
 ``P.Q.dlq``             quorum      the dead-letter queue
 ``P.Q.ledger``          stream      dedup ledger: the first record of an id wins
+``P.Q.attempts``        stream      attempt book: hand-outs of redeliveries (``_attempts``)
 ``P.Q.meta``            classic     marker: ``x-dead-letter-routing-key=partitions=N``
 ``P.Q.owner``           classic     marker: the one consumer group of the queue
 ``P.Q.dlq.owner``       classic     marker: the one consumer group of the DLQ
@@ -41,8 +42,9 @@ DELIVERY_LIMIT = 2**31 - 1
 MARKER_EXCHANGE = "brokerkit-marker"
 """The dead-letter exchange named by marker queues: never declared, never used."""
 
-LEDGER_MAX_AGE = "7D"
-"""Retention of a dedup ledger stream (windows are at most a day)."""
+STREAM_MAX_AGE = "7D"
+"""Retention of the ledger and attempts streams (dedup windows are at most a day; a
+redelivery's attempt count is remembered this long)."""
 
 
 def partition_of(fifo_group: str, partitions: int) -> int:
@@ -58,7 +60,7 @@ def quorum_arguments(*, single_active: bool) -> dict[str, Any]:
 
 
 def stream_arguments() -> dict[str, Any]:
-    return {"x-queue-type": "stream", "x-max-age": LEDGER_MAX_AGE}
+    return {"x-queue-type": "stream", "x-max-age": STREAM_MAX_AGE}
 
 
 def marker_arguments(value: str) -> dict[str, Any]:
@@ -97,6 +99,10 @@ class Topology:
         return f"{self.base}.ledger"
 
     @property
+    def attempts(self) -> str:
+        return f"{self.base}.attempts"
+
+    @property
     def meta(self) -> str:
         return f"{self.base}.meta"
 
@@ -110,6 +116,7 @@ class Topology:
             *(self.partition(i) for i in range(partitions)),
             self.dlq,
             self.ledger,
+            self.attempts,
             self.meta,
             self.owner(False),
             self.owner(True),

@@ -11,8 +11,9 @@ How the contract maps (topology, invariants and crash analysis: docs/backends/ra
 * receive -> ``basic.consume`` on a channel per receiver, ``basic.qos`` = ``?prefetch=``;
   a per-group ``GroupGate`` inside each partition;
 * ack -> ``basic.ack``; nack(delay) -> held unacked, then ``basic.reject(requeue=True)``;
-  lease expiry -> the receiver rejects at ``ack_timeout``; attempt -> 1 +
-  ``x-acquired-count`` (4.3+) or ``x-delivery-count`` (quorum, up to 4.2);
+  lease expiry -> the receiver rejects at ``ack_timeout``; attempt -> 1 for a first
+  delivery, a redelivery's from the attempt book ``P.Q.attempts`` (``_attempts``:
+  hand-outs, not what the broker pushed to a consumer that died);
 * dead_letter -> copy to ``P.Q.dlq`` with a confirm, then ``basic.ack``;
 * dedup -> the first record of an id in the stream ``P.Q.ledger`` wins (``_ledger``);
 * consumer groups -> one per queue (``fan_out=False``): the first group is recorded on

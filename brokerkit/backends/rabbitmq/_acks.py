@@ -4,6 +4,16 @@
 share one write (one ``multiple=True`` ack for the tags below the lowest still unacked,
 single acks for the rest: ``_frames.send_acks``). When the channel is gone the broker has
 taken the messages back (it redelivers them: at-least-once), so nothing is written.
+
+Because it has no reply, an ack written into a connection that died unnoticed (a broker
+killed mid-stream) would return as done and its message come back. So an ack returns at
+once only while the broker was heard from on this channel within ``EVIDENCE`` (a delivery
+or a barrier reply: ``heard``); otherwise it waits for a *barrier*: the acks are written,
+then a ``basic.qos`` (a synchronous method with no other effect here: each consumer of
+the receiver was created after its own ``basic.qos``) whose ``qos-ok`` means the broker
+processed every frame before it on the channel. No answer within ``BARRIER_TIMEOUT``:
+the ack raises ``BrokerUnavailable`` (a closed channel: ``LeaseExpired``) and the message
+may come back. One barrier covers every ack queued before it was sent.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from typing import Any
 
 import aiormq
 
+from brokerkit.backends import BrokerUnavailable, LeaseExpired
 from brokerkit.backends.rabbitmq import _frames as frames
 from brokerkit.backends.rabbitmq._errors import MAPPED
 from brokerkit.backends.rabbitmq._link import Link
@@ -23,11 +34,15 @@ __all__ = ["AckBatch"]
 
 _log = logging.getLogger(__name__)
 
+EVIDENCE = 0.05
+"""An ack returns at once only if the broker was heard from on the channel this recently."""
+BARRIER_TIMEOUT = 5.0
+
 
 class AckBatch:
     """Delivery tags acked and not yet written, for one receiver's channel."""
 
-    __slots__ = ("_flusher", "_link", "_where", "tags")
+    __slots__ = ("_barrier", "_covered", "_flusher", "_link", "_queued", "_where", "heard", "tags")
 
     def __init__(
         self,
@@ -39,12 +54,46 @@ class AckBatch:
         """The receiver's channel now, and its unacked deliveries by tag (in tag order)."""
         self.tags: list[int] = []
         self._flusher: asyncio.Task[None] | None = None
+        self.heard = 0.0
+        """When the broker was last heard from on the channel (loop time): set by the
+        receiver at each delivery, and here at each barrier reply."""
+        self._queued = 0  # acks queued so far (a sequence number)
+        self._covered = 0  # acks queued before the last barrier that was answered
+        self._barrier = asyncio.Lock()
 
     def add(self, tag: int) -> None:
         """Ack ``tag`` at the next turn of the event loop, with every other ack of this one."""
         self.tags.append(tag)
+        self._queued += 1
         if self._flusher is None:
             self._flusher = asyncio.ensure_future(self._flush())
+
+    async def ack(self, tag: int, qos: int) -> None:
+        """Ack ``tag``; return once it is written behind recent evidence that the broker is
+        alive, or behind a barrier (``qos``: the channel's current ``basic.qos``)."""
+        self.add(tag)
+        loop = asyncio.get_running_loop()
+        if loop.time() - self.heard <= EVIDENCE:
+            return
+        mine = self._queued
+        async with self._barrier:
+            if self._covered >= mine:
+                return  # a barrier sent after this ack was queued was answered
+            sent = self._queued
+            await self.write()
+            channel, _ = self._where()
+            if channel is None or channel.is_closed:
+                raise LeaseExpired("the channel closed: the broker took the message back")
+            try:
+                with self._link.errors:
+                    await asyncio.wait_for(channel.basic_qos(prefetch_count=qos), BARRIER_TIMEOUT)
+            except TimeoutError:
+                raise BrokerUnavailable(
+                    f"RabbitMQ did not confirm an ack within {BARRIER_TIMEOUT:.0f}s; the "
+                    "message may be delivered again"
+                ) from None
+            self._covered = sent
+            self.heard = loop.time()
 
     def drop(self) -> None:
         """The channel closed: its tags must never be written on a new one."""

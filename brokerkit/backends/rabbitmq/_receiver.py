@@ -112,6 +112,7 @@ class RabbitReceiver(Receiver[Lease]):
         self._janitor: asyncio.Task[None] | None = None
         self._stagers: set[asyncio.Task[None]] = set()
         self._acks = AckBatch(link, lambda: (self._channel, self._unacked))
+        self._clock = asyncio.get_running_loop().time
         self._closing = False
 
     # -- subscribing ------------------------------------------------------------------
@@ -202,6 +203,7 @@ class RabbitReceiver(Receiver[Lease]):
     def _arrived(
         self, source: Source, generation: int, message: aiormq.abc.DeliveredMessage
     ) -> None:
+        self._acks.heard = self._clock()
         tag = message.delivery.delivery_tag  # type: ignore[union-attr]
         assert isinstance(tag, int)
         incoming = parse(message.header.properties, f"tag-{generation}-{tag}")
@@ -354,22 +356,25 @@ class RabbitReceiver(Receiver[Lease]):
         held = self._held(delivery, "ack")
         held.state = GONE
         held.token = 0
-        await self._send_ack(held)
-        group = held.group
-        if group is not None:
-            nxt = self._gate.done(group)
-            if nxt is not None:
-                self._ready.append(nxt)
-                self._wakeup.set()
+        gate = self._gate  # replaced when the channel goes
+        try:
+            await self._send_ack(held)
+        finally:  # settled here even if the ack's barrier failed: the group moves on
+            group = held.group
+            if group is not None and gate is self._gate:
+                nxt = gate.done(group)
+                if nxt is not None:
+                    self._ready.append(nxt)
+                    self._wakeup.set()
 
     async def _send_ack(self, held: Held) -> None:
-        """Queue the ack; it is written at the next turn of the event loop, together with
-        every other ack queued meanwhile (one ``multiple=True`` ack for the tags below the
-        lowest still unacked, single acks for the rest): one frame write for many acks."""
+        """Queue the ack (written at the next turn of the event loop with every other ack
+        queued meanwhile); without recent word from the broker, wait for a barrier
+        (``_acks``)."""
         if self._channel is None or held.generation != self._generation:
             raise LeaseExpired("the channel closed: the broker took the message back")
         self._unacked.pop(held.tag, None)
-        self._acks.add(held.tag)
+        await self._acks.ack(held.tag, self._sources[-1].prefetch)
 
     async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
         """nack -> held here until ``delay`` passed, then ``basic.reject(requeue=True)``."""

@@ -5,10 +5,11 @@
 * user headers -> the AMQP ``headers`` table, as long strings;
 * fifo_group -> ``FIFO_GROUP_HEADER``; dedup_id -> ``DEDUP_ID_HEADER``, and the
   publisher's clock and window -> ``DEDUP_STAMP_HEADER`` (``<published_ms>:<until_ms>``);
-* attempt <- 1 + ``x-delivery-count``, the quorum queue's count of earlier failed
-  deliveries: up to 4.2 every return (reject, nack, a channel or connection closing);
-  from 4.3 ``basic.reject`` and a consumer gone with the message unacked, not
-  ``basic.nack`` (which the receiver uses only for deliveries nobody saw).
+* attempt <- 1 + ``x-delivery-count``, the quorum queue's count of earlier returns:
+  up to 4.2 every return (reject, nack, a channel or connection closing); from 4.3
+  ``basic.reject`` and a consumer gone with the message unacked, not ``basic.nack``.
+  Above 1 it only marks a redelivery: the receiver takes a redelivery's attempt from the
+  attempt book (``_attempts``), which counts hand-outs.
 
 Headers RabbitMQ sets itself are not the user's and are dropped on the way in.
 """

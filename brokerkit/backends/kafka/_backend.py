@@ -23,8 +23,8 @@ import dataclasses
 import functools
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -75,6 +75,8 @@ _FLUSH_MIN = 64
 _FLUSH_WAIT = 0.001
 """A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)`` when
 no other publish is in flight (see ``publish``)."""
+
+T = TypeVar("T")
 
 
 class KafkaBackend(Backend):
@@ -237,7 +239,7 @@ class KafkaBackend(Backend):
         window = None if queue.dead_letters else self.options.dedup_window
         topic = self.link.topic(queue)
         admin = self._live_admin()
-        return await asyncio.to_thread(browse_topic, self.link, admin, topic, limit, window)
+        return await self._inspect(browse_topic, self.link, admin, topic, limit, window)
 
     async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
         """Watermarks and the group's committed offset and metadata; the oldest age from
@@ -245,12 +247,24 @@ class KafkaBackend(Backend):
         link, admin = self.link, self._live_admin()
         topic = link.topic(queue)
         group_id = link.group_id(queue, group) if group is not None else None
-        figures = await asyncio.to_thread(stats_topic, link, admin, topic, group_id)
+        figures = await self._inspect(stats_topic, link, admin, topic, group_id)
         oldest = await self.browse(queue, 1)
         if not oldest:
             return figures
         age = max(0.0, time.time() - oldest[0].extras["timestamp"] / 1000)
         return dataclasses.replace(figures, oldest_age=age)
+
+    async def _inspect(self, read: Callable[..., T], *args: Any) -> T:
+        """``read(*args)`` in a thread, retried (bounded) while the broker answers with a
+        transient error: a topic created a moment ago may have no partition leader yet
+        (NOT_LEADER_FOR_PARTITION from the watermarks)."""
+
+        async def once() -> T:
+            return await asyncio.to_thread(read, *args)
+
+        return await retry_unavailable(
+            once, what="Kafka", hosts=self.hosts, is_transient=_transient_or_caused_by_one
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -390,3 +404,8 @@ def _results(futures: Iterable[concurrent.futures.Future[Any]], *fine: int) -> N
             err = exc.args[0] if exc.args else None
             if not (isinstance(err, KafkaError) and err.code() in fine):
                 raise
+
+
+def _transient_or_caused_by_one(exc: BaseException) -> bool:
+    """``is_transient``, also for a driver error the error map already translated."""
+    return is_transient(exc) or (exc.__cause__ is not None and is_transient(exc.__cause__))

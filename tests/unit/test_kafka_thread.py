@@ -31,6 +31,9 @@ class _Sink:
     async def revoke(self, keys: list[Key]) -> list[Snapshot]:
         return []
 
+    def revoked(self, keys: list[Key], committed: set[Key]) -> None:
+        pass
+
     def lost(self, keys: list[Key]) -> None:
         pass
 

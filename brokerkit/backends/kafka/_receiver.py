@@ -29,7 +29,11 @@ through the ``Sink`` methods (``records``, ``assigned``, ``revoke``, ``lost``).
 * rebalance -> on revoke the thread waits (bounded) until the partition's handed-out
   records are settled or their leases ran out, then commits the state; the new owner
   reads the committed offset and metadata and replays the partition from there (plus
-  the dedup window before it, to rebuild the dedup memory).
+  the dedup window before it, to rebuild the dedup memory). A synchronous ack cannot
+  use the thread then (it sits in the revoke that waits for that very ack): the record
+  is settled in memory, which ends the wait, and the ack returns once the revoke's final
+  commit recorded it (LeaseExpired if it did not). A synchronous ack already waiting for
+  its own commit when the revoke starts is taken over the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
 from itertools import groupby
 from operator import methodcaller
@@ -52,6 +57,7 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
 )
+from brokerkit.backends.kafka._handover import Handover
 from brokerkit.backends.kafka._link import KafkaLink
 from brokerkit.backends.kafka._partition import Key, Partition, Record, Snapshot
 from brokerkit.backends.kafka._schedule import Batch, HandOut, Receipt
@@ -70,6 +76,8 @@ at most ``ack_flush_interval`` (0.1) after the broker was last heard from, with 
 for the consumer thread's delay in serving the confirmation."""
 _ACK_WAIT = 10.0
 """Longest a synchronous ack waits for its commit (the retry budget of the toolkit)."""
+_RECOMMIT_PAUSE = 0.05
+"""Pause before a synchronous ack commits again after the group refused the commit."""
 
 _partition_of = methodcaller("partition")
 
@@ -97,6 +105,7 @@ class KafkaReceiver(Receiver[Receipt]):
         self._closed = False
         self._contact = 0.0
         """When a commit was last confirmed (monotonic; written by the consumer thread too)."""
+        self._handover = Handover(self._loop, self._schedule.settle)
         config = link.consumer_config(self._group_id)
         config["on_commit"] = self._on_commit
         self._thread = ConsumerThread(
@@ -146,6 +155,7 @@ class KafkaReceiver(Receiver[Receipt]):
 
     async def revoke(self, keys: list[Key]) -> list[Snapshot]:
         parts = [p for k in keys if (p := self._parts.get(k[1])) is not None]
+        self._handover.begin(parts)
         for rec in self._schedule.revoke(parts):
             rec.part.dirty = True
         deadline = time.monotonic() + REVOKE_WAIT
@@ -161,7 +171,11 @@ class KafkaReceiver(Receiver[Receipt]):
         self._drop(parts)
         return snaps
 
+    def revoked(self, keys: list[Key], committed: set[Key]) -> None:
+        self._handover.ended(keys, committed)
+
     def lost(self, keys: list[Key]) -> None:
+        self._handover.ended(keys, set())
         self._drop([p for k in keys if (p := self._parts.get(k[1])) is not None])
 
     def _drop(self, parts: list[Partition]) -> None:
@@ -307,12 +321,31 @@ class KafkaReceiver(Receiver[Receipt]):
         except LeaseExpired:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
         part = rec.part
-        try:
-            ok: set[Key] | None = await asyncio.wait_for(
-                self._thread.commit([part.snapshot_settling(rec)]), _ACK_WAIT
-            )
-        except TimeoutError:
-            ok = None
+        final = self._handover.final(part.key)
+        if part.revoking and final is not None:  # the thread waits in the revoke for this
+            self._schedule.settle(delivery.receipt, now)  # leased: cannot raise
+            self._wake.set()
+            await Handover.recorded(delivery.id, final, _ACK_WAIT)
+            return
+        end = time.monotonic() + _ACK_WAIT
+        with self._handover.acking(rec, delivery.receipt, now) as taken:
+            while True:
+                commit = asyncio.ensure_future(self._thread.commit([part.snapshot_settling(rec)]))
+                left = end - time.monotonic()
+                await asyncio.wait((commit, taken), timeout=left, return_when=FIRST_COMPLETED)
+                ok: set[Key] | None = commit.result() if commit.done() else None
+                commit.cancel()
+                if taken.done() or ok is None or part.key in ok or part.gone or self._closed:
+                    break
+                # refused: a rebalance is in progress (REBALANCE_IN_PROGRESS, then
+                # ILLEGAL_GENERATION until the member rejoined); try again within the budget
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                await asyncio.wait((taken,), timeout=min(_RECOMMIT_PAUSE, left))
+        if taken.done():  # a revoke began and settled the record: its final commit counts
+            await Handover.recorded(delivery.id, taken.result(), _ACK_WAIT)
+            return
         # the next flush follows with the true state (a commit still on its way, or one
         # recorded for a record that went out again meanwhile, is overwritten)
         self._mark_dirty(part)
@@ -437,4 +470,5 @@ class KafkaReceiver(Receiver[Receipt]):
         except TimeoutError:
             LOG.warning("kafka consumer thread did not stop in time")
         self._drop(list(self._parts.values()))
+        self._handover.end_all()
         self._link.receivers.discard(self)

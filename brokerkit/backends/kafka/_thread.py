@@ -64,6 +64,9 @@ class Sink(Protocol):
     def revoke(self, keys: list[Key]) -> Coroutine[Any, Any, list[Snapshot]]:
         """Give the partitions up: returns their final state once nothing is out."""
 
+    def revoked(self, keys: list[Key], committed: set[Key]) -> None:
+        """The final commit of a revoke is over: ``committed`` are the keys it recorded."""
+
     def lost(self, keys: list[Key]) -> None:
         """The partitions were taken away (no final commit)."""
 
@@ -309,8 +312,9 @@ class ConsumerThread:
             snaps = fut.result(REVOKE_WAIT + 10.0)
         except Exception as exc:
             LOG.warning("kafka revoke: could not collect the partition state: %s", exc)
-        self.commit_on_thread(consumer, snaps, True)
+        committed = self.commit_on_thread(consumer, snaps, True)
         self._assigned.difference_update(keys)
+        self._post(self._sink.revoked, keys, committed)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]

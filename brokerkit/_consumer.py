@@ -14,6 +14,7 @@ from brokerkit._alone import AloneLink, LastAttempts
 from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
+    BrokerkitError,
     InvalidArgument,
     LeaseExpired,
     ResourceClosed,
@@ -253,7 +254,9 @@ class Consumer:
         self._receiver: Receiver[Any] | None = None
         # only DLQ copies carry the envelope
         self._message_class = _DeadLetterMessage if dead_letters else Message
-        self._buffer = buffer = FetchBuffer(ack_timeout)  # fetched, not yet handed out
+        # fetched, not yet handed out; given back before a lease runs out in it
+        self._buffer = buffer = FetchBuffer(ack_timeout, self._give_back_unseen)
+        self._releases: set[asyncio.Task[None]] = set()
         link_ = AloneLink(buffer, max_attempts, self.move_to_dlq, self._holds, self._settle_held)
         self._alone = LastAttempts(link_)  # a last attempt is handed out alone
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
@@ -402,6 +405,16 @@ class Consumer:
             raise ResourceClosed(f"{self!r} is not open")
         return self._receiver
 
+    def _give_back_unseen(self, unseen: list[Delivery[Any]]) -> None:
+        """Released before their leases run out unseen (see ``_fetchbuffer``)."""
+        task = asyncio.ensure_future(self._release(unseen))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, unseen: list[Delivery[Any]]) -> None:
+        with contextlib.suppress(BrokerkitError):  # not given back: its lease runs out
+            await self._live_receiver().release(unseen)
+
     async def move_to_dlq(
         self, delivery: Delivery[Any], reason: str, attempts: int | None = None
     ) -> None:
@@ -474,6 +487,8 @@ class Consumer:
                 with contextlib.suppress(LeaseExpired):
                     await receiver.release(unseen)
         finally:
+            if self._releases:  # give-backs on their way finish before the receiver closes
+                await asyncio.wait(list(self._releases), timeout=_POLL_WAIT + 5.0)
             await receiver.aclose()
 
 

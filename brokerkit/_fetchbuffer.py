@@ -7,6 +7,13 @@ runs once per fetch, from its done callback or from whoever awaited it first).
 
 Shared by ``Consumer`` (hand-out, read-ahead, close) and the last-attempt policy in
 ``_alone`` (put back, give back): neither reaches into the other's state.
+
+What is still buffered shortly before its lease runs out (``GIVE_BACK_MARGIN``, at most a
+quarter of ``ack_timeout``) is taken out and passed to ``give_back`` (the consumer
+releases it: uncounted where the receiver can), instead of running out in the buffer
+and coming back with an attempt counted that no handler saw: a handler that takes long,
+or hangs until its process is killed, would otherwise count an attempt for every message
+fetched ahead of it, again and again (innocents dead-lettered beside a poison message).
 """
 
 from __future__ import annotations
@@ -14,21 +21,44 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from brokerkit.backends.base import Delivery
 
 _now = time.monotonic  # the lease clock: the event loop's
 
+GIVE_BACK_MARGIN = 1.0
+"""Buffered deliveries are given back this long (s) before their leases run out."""
+
 
 class FetchBuffer:
     """Fetched deliveries in arrival order, each batch with its lease end; one fetch at a time."""
 
-    __slots__ = ("_ack_timeout", "_batch", "_batches", "_pos", "count", "fetch", "lease_end")
+    __slots__ = (
+        "_ack_timeout",
+        "_batch",
+        "_batches",
+        "_due",
+        "_give_back",
+        "_margin",
+        "_pos",
+        "_timer",
+        "count",
+        "fetch",
+        "lease_end",
+    )
 
-    def __init__(self, ack_timeout: float) -> None:
+    def __init__(
+        self,
+        ack_timeout: float,
+        give_back: Callable[[list[Delivery[Any]]], None] | None = None,
+    ) -> None:
         self._ack_timeout = ack_timeout
+        self._give_back = give_back
+        self._margin = min(GIVE_BACK_MARGIN, ack_timeout / 4)
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the timer fires (the lease clock)
         self._batch: list[Delivery[Any]] = []  # the batch being handed out, from _pos on
         self._pos = 0
         self._batches: deque[tuple[float, list[Delivery[Any]]]] = deque()  # then these
@@ -57,11 +87,13 @@ class FetchBuffer:
         """Hand ``delivery`` out again next, after the batch being handed out."""
         self._batches.appendleft((lease_end, [delivery]))
         self.count += 1
+        self._arm(lease_end)
 
     def put_back_behind(self, delivery: Delivery[Any], lease_end: float) -> None:
         """Hand ``delivery`` out again after everything buffered now."""
         self._batches.append((lease_end, [delivery]))
         self.count += 1
+        self._arm(lease_end)
 
     def has_first_time_behind(self) -> bool:
         """True if a first delivery (``attempt == 1``) is buffered."""
@@ -77,7 +109,50 @@ class FetchBuffer:
                 rest += batch
         self._batch, self._pos, self.count = [], 0, 0
         self._batches.clear()
+        self.stop_giving_back()
         return rest
+
+    def stop_giving_back(self) -> None:
+        """No more give-backs (close): what is buffered then is the closer's to handle."""
+        self._give_back = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, lease_end: float) -> None:
+        """Make sure a give-back runs shortly before ``lease_end`` (or earlier)."""
+        timer = self._timer
+        due = lease_end - self._margin
+        if self._give_back is None or (timer is not None and self._due <= due):
+            return
+        if timer is not None:
+            timer.cancel()
+        self._due = due
+        self._timer = asyncio.get_running_loop().call_later(max(due - _now(), 0.0), self._expiring)
+
+    def _expiring(self) -> None:
+        """Take out what would run out within the margin; give it back; arm for the next."""
+        self._timer = None
+        give_back = self._give_back
+        if give_back is None:
+            return
+        before = _now() + self._margin
+        stale: list[Delivery[Any]] = []
+        if self.lease_end <= before and self._pos < len(self._batch):
+            stale = self._batch[self._pos :]
+            self._batch, self._pos = [], 0
+        keep: deque[tuple[float, list[Delivery[Any]]]] = deque()
+        for lease_end, batch in self._batches:
+            if lease_end <= before:
+                stale += batch
+            else:
+                keep.append((lease_end, batch))
+        self._batches = keep
+        self.count -= len(stale)
+        if stale:
+            give_back(stale)
+        if keep:
+            self._arm(min(lease_end for lease_end, _ in keep))
 
     def start(self, receive: Coroutine[Any, Any, list[Delivery[Any]]]) -> None:
         """Run ``receive`` (a receiver's ``receive(...)``) as the fetch in flight."""
@@ -94,8 +169,10 @@ class FetchBuffer:
             return
         deliveries = task.result()
         if deliveries:
-            self._batches.append((_now() + self._ack_timeout, deliveries))
+            lease_end = _now() + self._ack_timeout
+            self._batches.append((lease_end, deliveries))
             self.count += len(deliveries)
+            self._arm(lease_end)
 
     async def finish_fetch(self) -> None:
         """Wait for the fetch in flight, if any, and keep what it brought."""

@@ -202,6 +202,27 @@ async def test_attempt_counts_lease_expiries_too(connect: Connect, queue: str, g
         await final.ack()
 
 
+@pytest.mark.behaviour("attempt durability")
+async def test_messages_fetched_ahead_and_never_handed_out_count_no_attempt(
+    connect: Connect, queue: str, group: str
+) -> None:
+    """A consumer reads ahead (``prefetch``), then its handler works past every lease the
+    read-ahead holds. No handler saw those messages: they come back as attempt 1, or a
+    slow (or crashing) handler would drag its neighbours toward the DLQ."""
+    ack_timeout = 2.0
+    conn = await connect()
+    await conn.publish_many(queue, [brokerkit.Outgoing(b"%d" % i) for i in range(6)])
+    async with conn.consumer(queue, group, ack_timeout=ack_timeout, prefetch=6) as slow:
+        first = await receive(slow)
+        await first.ack()
+        # the handler of the first message works this long: the fault is time passing,
+        # nothing waits for a result here
+        await asyncio.sleep(ack_timeout * 1.5)
+    async with (await connect()).consumer(queue, group, ack_timeout=10.0) as other:
+        rest = await receive_n(other, 5, timeout=redelivery_deadline(conn, ack_timeout) + WAIT)
+    assert [m.attempt for m in rest] == [1] * 5, [(m.body, m.attempt) for m in rest]
+
+
 @pytest.mark.behaviour("DLQ")
 async def test_dlq_dead_letter_moves_with_body_headers_and_envelope(
     broker: brokerkit.Broker, queue: str, group: str

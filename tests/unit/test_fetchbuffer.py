@@ -109,3 +109,31 @@ async def test_a_failed_or_cancelled_fetch_adds_nothing_and_collect_runs_once() 
     buffer.collect(task)  # the done callback, or a second caller: no second copy
     await asyncio.sleep(0)
     assert buffer.count == 1 and _ids(buffer) == ["a"]
+
+
+async def test_what_is_still_buffered_near_its_lease_end_is_given_back_in_one_call() -> None:
+    given: asyncio.Queue[list[str]] = asyncio.Queue()
+    buffer = FetchBuffer(2.0, lambda ds: given.put_nowait([d.id for d in ds]))  # margin 0.5 s
+    loop = asyncio.get_running_loop()
+    fetched = loop.time()
+    await _filled(buffer, [_d("a"), _d("b"), _d("c")])
+    assert buffer.take().id == "a"  # type: ignore[union-attr]
+    await asyncio.sleep(0.2)
+    assert given.empty()  # 1.8 s left of 2: kept
+    await _filled(buffer, [_d("d")])  # a later batch: a later lease end
+    # given back before the lease (2 s) ran out: at 1.5 s
+    assert await asyncio.wait_for(given.get(), 2.0) == ["b", "c"]
+    assert loop.time() - fetched < 2.0
+    assert buffer.count == 1
+    assert await asyncio.wait_for(given.get(), 2.0) == ["d"]
+    assert buffer.count == 0 and buffer.take() is None
+
+
+async def test_nothing_is_given_back_once_the_buffer_is_drained_for_close() -> None:
+    given: list[list[Delivery[Any]]] = []
+    buffer = FetchBuffer(0.2, given.append)
+    await _filled(buffer, [_d("a")])
+    assert [d.id for d in buffer.drain_unexpired(0.0)] == ["a"]
+    await _filled(buffer, [_d("b")])  # fetched while closing: the closer's to handle
+    await asyncio.sleep(0.3)
+    assert given == []

@@ -17,9 +17,11 @@ leaves no record) and is attempt ``2 + c``, where ``c`` is the sum of its record
 this hand-out; the hand-out's own ``+1`` is appended and read back before the delivery
 reaches the facade, so a crash right after the hand-out still counts it. A release (a
 delivery handed to the facade, never to the caller) appends ``-1``: its next hand-out has
-the same attempt. A message is held by one receiver at a time, so its records are never
-written concurrently. Records live ``ATTEMPTS_MAX_AGE`` (``_topology``); a message
-redelivered after that starts again from attempt 2.
+the same attempt. So does a closing receiver for each first delivery it gives back
+never seen (``uncount``): the broker counts it, the ``-1`` takes that back. A message is
+held by one receiver at a time, so its records are never written concurrently. Records
+live ``ATTEMPTS_MAX_AGE`` (``_topology``); a message redelivered after that starts again
+from attempt 2.
 """
 
 from __future__ import annotations
@@ -77,13 +79,22 @@ class AttemptBook:
         except (*MAPPED, TimeoutError) as exc:
             _log.warning("attempt book: releases not recorded (%r)", exc)
 
+    async def uncount(self, unseen: Sequence[Held]) -> None:
+        """First deliveries a closing receiver gives back unseen: the broker counts a
+        delivery for each (3.x counts even ``basic.nack``), so their next hand-out would be
+        attempt 2. A ``-1`` each keeps it at 1. One that cannot be written stays counted."""
+        first = [held for held in unseen if held.incoming.attempt == 1 and not held.booked]
+        if not first:
+            return
+        try:
+            await self._log.append([{"k": held.key, "c": -1} for held in first])
+        except (*MAPPED, TimeoutError) as exc:
+            _log.warning("attempt book: unseen give-backs not recorded (%r)", exc)
+
     def _apply(self, record: dict[str, Any]) -> None:
+        # kept at 0 and below too: -1 (given back unseen at close) then +1 is attempt 1
         key = str(record["k"])
-        count = self._counts.get(key, 0) + int(record["c"])
-        if count > 0:
-            self._counts[key] = count
-        else:
-            self._counts.pop(key, None)
+        self._counts[key] = self._counts.get(key, 0) + int(record["c"])
 
     async def aclose(self) -> None:
         await self._log.aclose()

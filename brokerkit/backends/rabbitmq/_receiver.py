@@ -470,6 +470,7 @@ class RabbitReceiver(Receiver[Lease]):
         if channel is None:
             return
         await self._acks.write()  # what the caller acked is acked
+        await self._book.uncount([held for held in self._unacked.values() if not held.seen])
         try:
             unordered = [s for s in self._sources if not s.ordered]
             for source in unordered:

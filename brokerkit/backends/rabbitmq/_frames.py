@@ -67,7 +67,9 @@ async def publish_batch(
                 frames.extend(
                     ContentBody(body[i : i + max_size]) for i in range(0, len(body), max_size)
                 )
-        channel.write_queue.put_nowait(
+        # the connection's write queue is bounded (aiormq: 10 frames): wait for room, as
+        # aiormq's own writes do (put_nowait raised QueueFull under a loaded soak run)
+        await channel.write_queue.put(
             ChannelFrame.marshall(channel_number=channel.number, frames=frames)
         )
     return futures
@@ -88,7 +90,7 @@ async def send_acks(channel: Any, acks: Sequence[int], lowest_unacked: int | Non
     singles = [t for t in acks if lowest_unacked is not None and t > lowest_unacked]
     up_to = max(below) if below else None
     if supported(channel):
-        _write_acks(channel, singles, up_to)
+        await _write_acks(channel, singles, up_to)
         return
     if up_to is not None:
         await channel.basic_ack(up_to, multiple=True, wait=False)
@@ -96,13 +98,13 @@ async def send_acks(channel: Any, acks: Sequence[int], lowest_unacked: int | Non
         await channel.basic_ack(tag, wait=False)
 
 
-def _write_acks(channel: Any, tags: Sequence[int], multiple_up_to: int | None) -> None:
+async def _write_acks(channel: Any, tags: Sequence[int], multiple_up_to: int | None) -> None:
     """Queue one ``multiple`` ack (if given) and single acks for ``tags``, in one write."""
     frames: list[Any] = []
     if multiple_up_to is not None:
         frames.append(Basic.Ack(delivery_tag=multiple_up_to, multiple=True))
     frames.extend(Basic.Ack(delivery_tag=tag) for tag in tags)
-    if frames:
-        channel.write_queue.put_nowait(
+    if frames:  # bounded queue: wait for room (see publish_batch)
+        await channel.write_queue.put(
             ChannelFrame.marshall(channel_number=channel.number, frames=frames)
         )

@@ -475,6 +475,7 @@ class Consumer:
                 drained.cancel()
         now = _now()
         seen = [m._delivery for m in list(self._held) if m._give_back(now)]
+        self._buffer.stop_giving_back()  # what is buffered now is given back just below
         unseen = self._buffer.drain_unexpired(now)
         self._held.clear()
         try:

@@ -109,7 +109,6 @@ class FetchBuffer:
                 rest += batch
         self._batch, self._pos, self.count = [], 0, 0
         self._batches.clear()
-        self.stop_giving_back()
         return rest
 
     def stop_giving_back(self) -> None:

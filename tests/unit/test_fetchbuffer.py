@@ -129,11 +129,21 @@ async def test_what_is_still_buffered_near_its_lease_end_is_given_back_in_one_ca
     assert buffer.count == 0 and buffer.take() is None
 
 
-async def test_nothing_is_given_back_once_the_buffer_is_drained_for_close() -> None:
+async def test_nothing_is_given_back_once_the_closer_stops_it() -> None:
     given: list[list[Delivery[Any]]] = []
     buffer = FetchBuffer(0.2, given.append)
     await _filled(buffer, [_d("a")])
+    buffer.stop_giving_back()
     assert [d.id for d in buffer.drain_unexpired(0.0)] == ["a"]
     await _filled(buffer, [_d("b")])  # fetched while closing: the closer's to handle
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # past b's lease: the give-back would have run by now
     assert given == []
+
+
+async def test_a_drain_before_a_last_attempt_leaves_giving_back_on() -> None:
+    given: asyncio.Queue[list[str]] = asyncio.Queue()
+    buffer = FetchBuffer(0.4, lambda ds: given.put_nowait([d.id for d in ds]))
+    await _filled(buffer, [_d("a")])
+    assert [d.id for d in buffer.drain_unexpired(0.0)] == ["a"]  # _alone's give-back
+    await _filled(buffer, [_d("b")])
+    assert await asyncio.wait_for(given.get(), 2.0) == ["b"]

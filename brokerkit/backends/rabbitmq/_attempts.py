@@ -70,26 +70,24 @@ class AttemptBook:
         """Take back the recorded hand-outs among ``released`` (never seen by the caller);
         one that cannot be written stays counted (one attempt too many, never too few)."""
         booked = [held for held in released if held.booked]
-        if not booked:
-            return
         for held in booked:
             held.booked = False  # its next hand-out is recorded again
-        try:
-            await self._log.append([{"k": held.key, "c": -1} for held in booked])
-        except (*MAPPED, TimeoutError) as exc:
-            _log.warning("attempt book: releases not recorded (%r)", exc)
+        await self._minus_one(booked, "releases")
 
     async def uncount(self, unseen: Sequence[Held]) -> None:
         """First deliveries a closing receiver gives back unseen: the broker counts a
         delivery for each (3.x counts even ``basic.nack``), so their next hand-out would be
         attempt 2. A ``-1`` each keeps it at 1. One that cannot be written stays counted."""
         first = [held for held in unseen if held.incoming.attempt == 1 and not held.booked]
-        if not first:
+        await self._minus_one(first, "unseen give-backs")
+
+    async def _minus_one(self, helds: Sequence[Held], what: str) -> None:
+        if not helds:
             return
         try:
-            await self._log.append([{"k": held.key, "c": -1} for held in first])
+            await self._log.append([{"k": held.key, "c": -1} for held in helds])
         except (*MAPPED, TimeoutError) as exc:
-            _log.warning("attempt book: unseen give-backs not recorded (%r)", exc)
+            _log.warning("attempt book: %s not recorded (%r)", what, exc)
 
     def _apply(self, record: dict[str, Any]) -> None:
         # kept at 0 and below too: -1 (given back unseen at close) then +1 is attempt 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from botocore.exceptions import ClientError
 
 from brokerkit.backends import Outgoing, QueueRef
 from brokerkit.backends.sqs import SqsBackend
-from brokerkit.backends.sqs._codec import decode, encode
+from brokerkit.backends.sqs._codec import decode, encode, encode_copy
 from brokerkit.backends.sqs._errors import error_map, scrub
 from brokerkit.backends.sqs._link import sqs_name
 from brokerkit.backends.sqs._publish import MESSAGE_LIMIT
@@ -119,6 +120,41 @@ def test_wire_format_round_trips_byte_exact(message: Outgoing) -> None:
     assert (got.fifo_group, got.dedup_id) == (message.fifo_group, message.dedup_id)
     assert len(entry.get("MessageAttributes", {})) <= 2  # of SQS's 10
     assert size >= len(message.body)
+
+
+def _as_received(entry: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "Body": entry["MessageBody"],
+        "Attributes": {
+            "MessageGroupId": entry["MessageGroupId"],
+            "MessageDeduplicationId": entry["MessageDeduplicationId"],
+        },
+        "MessageAttributes": entry.get("MessageAttributes", {}),
+    }
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Outgoing(b"plain"),
+        Outgoing(bytes(range(256)), dedup_id="d:1:x", headers={"k": "v:w"}),
+        Outgoing(b""),
+    ],
+)
+def test_a_copy_given_back_is_the_original_message_with_its_earlier_attempts(
+    message: Outgoing,
+) -> None:
+    original = decode(_as_received(encode(message)[0]))
+    entry = encode_copy(original.body, original.headers, original.dedup_id, "orig-1", 2)
+    got = decode(_as_received(entry))
+    assert (got.body, dict(got.headers)) == (message.body, dict(message.headers))
+    assert (got.fifo_group, got.dedup_id) == (None, message.dedup_id)
+    assert (got.copy_of, got.prior) == ("orig-1", 2)
+    assert (original.copy_of, original.prior) == (None, 0)
+    # its own group and dedup id are fresh: SQS must not drop it as a duplicate
+    assert entry["MessageDeduplicationId"] != message.dedup_id
+    assert entry["MessageGroupId"].startswith("bk-")
+    assert len(entry["MessageAttributes"]) <= 3  # of SQS's 10
 
 
 def test_a_plain_text_message_carries_no_attribute_and_a_foreign_one_keeps_its_ids() -> None:

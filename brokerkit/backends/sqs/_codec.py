@@ -18,6 +18,13 @@ deduplication ids were the publisher's or made up by us. So:
 
 ``size`` counts what SQS counts against its limit: the body as sent plus, per attribute,
 its name, its data type and its value.
+
+A message given back unseen is sometimes *copied* (``encode_copy``): sent again and the
+received one deleted, so that the receive it lost is not counted (``_copies``). The copy
+carries the String attribute ``brokerkit.copy``: ``PRIOR:ORIGINAL_ID:USER_DEDUP_ID``,
+the attempts counted before the copy, the id the publisher was given (the copy reports
+it as its own) and the user's dedup id if there was one (the copy's own
+``MessageDeduplicationId`` is fresh, or SQS would drop it as a duplicate).
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ from typing import Any
 
 from brokerkit.backends import NO_HEADERS, Outgoing
 
-__all__ = ["BODY", "META", "Decoded", "decode", "encode"]
+__all__ = ["BODY", "COPY", "META", "Decoded", "decode", "encode", "encode_copy"]
 
 META = "brokerkit"
 BODY = "brokerkit.body"
+COPY = "brokerkit.copy"
 _VERSION = 1
 _USER_GROUP, _USER_DEDUP, _BINARY_BODY, _EMPTY_BODY = 1, 2, 4, 8
 _BINARY_NOTE = "(binary body: message attribute brokerkit.body)"
@@ -132,10 +140,26 @@ def encode(message: Outgoing) -> tuple[dict[str, Any], int]:
     return entry, size
 
 
+def encode_copy(
+    body: bytes,
+    headers: Mapping[str, str],
+    dedup_id: str | None,
+    original_id: str,
+    prior: int,
+) -> dict[str, Any]:
+    """The SendMessageBatch entry (without ``Id``) that copies a message without a
+    fifo_group: a fresh group id and dedup id, ``prior`` attempts counted so far."""
+    entry, _ = encode(Outgoing(body, None, None, headers))
+    attrs = entry.setdefault("MessageAttributes", {})
+    value = f"{prior}:{original_id}:{dedup_id or ''}"
+    attrs[COPY] = {"DataType": "String", "StringValue": value}
+    return entry
+
+
 class Decoded:
     """The brokerkit view of one received SQS message."""
 
-    __slots__ = ("body", "dedup_id", "fifo_group", "group_key", "headers")
+    __slots__ = ("body", "copy_of", "dedup_id", "fifo_group", "group_key", "headers", "prior")
 
     def __init__(
         self,
@@ -144,6 +168,8 @@ class Decoded:
         fifo_group: str | None,
         dedup_id: str | None,
         group_key: str,
+        copy_of: str | None = None,
+        prior: int = 0,
     ) -> None:
         self.body = body
         self.headers = headers
@@ -151,6 +177,10 @@ class Decoded:
         self.dedup_id = dedup_id
         self.group_key = group_key
         """The SQS MessageGroupId (ours or the user's): the unit SQS orders and blocks."""
+        self.copy_of = copy_of
+        """A copy's original MessageId (the id its publisher was given), else None."""
+        self.prior = prior
+        """Attempts counted before this copy was made (0 for an original)."""
 
 
 def _unpack_headers(data: bytes, start: int) -> Mapping[str, str]:
@@ -176,6 +206,9 @@ def decode(message: Mapping[str, Any]) -> Decoded:
     group_key = system.get("MessageGroupId", "")
     dedup = system.get("MessageDeduplicationId")
     attrs = message.get("MessageAttributes") or {}
+    copy_attr = attrs.get(COPY)
+    if copy_attr is not None:
+        return _decode_copy(message, attrs, copy_attr["StringValue"], group_key)
     meta_attr = attrs.get(META)
     if meta_attr is None or not meta_attr.get("BinaryValue"):
         body = message.get("Body", "").encode()
@@ -198,3 +231,21 @@ def decode(message: Mapping[str, Any]) -> Decoded:
         dedup if flags & _USER_DEDUP else None,
         group_key,
     )
+
+
+def _decode_copy(
+    message: Mapping[str, Any], attrs: Mapping[str, Any], value: str, group_key: str
+) -> Decoded:
+    """A copy made by ``encode_copy``: never a user's fifo_group, maybe a user's dedup id."""
+    prior, original_id, dedup = value.split(":", 2)
+    meta_attr = attrs.get(META)
+    meta: bytes = meta_attr["BinaryValue"] if meta_attr is not None else b"\x01\x00"
+    flags = meta[1]
+    if flags & _EMPTY_BODY:
+        body = b""
+    elif flags & _BINARY_BODY:
+        body = attrs[BODY]["BinaryValue"]
+    else:
+        body = message.get("Body", "").encode()
+    headers = _unpack_headers(meta, 2)
+    return Decoded(body, headers, None, dedup or None, group_key, original_id, int(prior))

@@ -10,7 +10,8 @@
   first is handed out; the others wait here, in order, and the next is handed out (its
   lease renewed first) once the previous is acked or dead-lettered. A nack or a lost lease
   gives the waiting ones back too (visibility 0), so the group restarts at the nacked one.
-* attempt = ApproximateReceiveCount minus the receives given back unseen (``_attempts``).
+* attempt = ApproximateReceiveCount minus the receives given back unseen (``_attempts``),
+  plus, for a copy made by ``release`` (``_copies``), the attempts counted before it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from brokerkit.backends import (
 )
 from brokerkit.backends.sqs import _attempts
 from brokerkit.backends.sqs._acks import AckBatcher
-from brokerkit.backends.sqs._codec import BODY, META, decode
+from brokerkit.backends.sqs._codec import BODY, COPY, META, decode
+from brokerkit.backends.sqs._copies import copy_back, copyable
 from brokerkit.backends.sqs._link import Link
 
 __all__ = ["LEASE_MARGIN", "MAX_VISIBILITY", "Receipt", "SqsReceiver"]
@@ -48,7 +50,7 @@ MAX_VISIBILITY = 43_200
 """SQS: a message's visibility timeout ends at most 12 h after the receive that leased it."""
 _ACK_MARGIN = 0.5
 _SYSTEM = ["ApproximateReceiveCount", "MessageGroupId", "MessageDeduplicationId"]
-_ATTRS = [META, BODY]
+_ATTRS = [META, BODY, COPY]
 _IDLE_POLL = 0.25
 
 
@@ -84,6 +86,8 @@ def _visibility(seconds: float) -> int:
 
 
 class SqsReceiver(Receiver[Receipt]):
+    release_uncounted = True  # a copy (no fifo_group) or this process's _attempts record
+
     def __init__(
         self,
         link: Link,
@@ -178,12 +182,12 @@ class SqsReceiver(Receiver[Receipt]):
             key = decoded.group_key if decoded.fifo_group is not None else None
             receipt = Receipt(raw["ReceiptHandle"], deadline, key, message_id, received)
             delivery = Delivery(
-                id=message_id,
+                id=decoded.copy_of or message_id,
                 body=decoded.body,
                 headers=decoded.headers,
                 fifo_group=decoded.fifo_group,
                 dedup_id=decoded.dedup_id,
-                attempt=_attempts.attempt_of(url, message_id, count),
+                attempt=decoded.prior + _attempts.attempt_of(url, message_id, count),
                 receipt=receipt,
             )
             if key is None:
@@ -223,10 +227,10 @@ class SqsReceiver(Receiver[Receipt]):
         if group is None:
             return
         for delivery in group.waiting:
-            _attempts.count_unseen(self._url, delivery.id)
+            _attempts.count_unseen(self._url, delivery.receipt.message_id)
         if group.head in self._ready:
             self._ready.remove(group.head)
-            _attempts.count_unseen(self._url, group.head.id)
+            _attempts.count_unseen(self._url, group.head.receipt.message_id)
 
     async def _hand_out_ready(self, max_messages: int) -> list[Delivery[Receipt]]:
         """Hand out promoted followers, their leases renewed first (they waited here)."""
@@ -301,7 +305,7 @@ class SqsReceiver(Receiver[Receipt]):
                 )
         else:
             self._acks.add(receipt.handle, urgent=receipt.group is not None)
-        _attempts.forget(self._url, delivery.id)
+        _attempts.forget(self._url, delivery.receipt.message_id)
         self._advance(delivery)
 
     async def nack(self, delivery: Delivery[Receipt], delay: float) -> None:
@@ -320,7 +324,8 @@ class SqsReceiver(Receiver[Receipt]):
             if group is not None and group.head is delivery:
                 del self._groups[key]
                 # the ones behind it go back first; the group then restarts at this one
-                await self._give_back([(d.id, d.receipt.handle) for d in group.waiting])
+                waiting = group.waiting
+                await self._give_back((d.receipt.message_id, d.receipt.handle) for d in waiting)
         await self._link.call(
             "change_message_visibility",
             QueueUrl=self._url,
@@ -341,19 +346,28 @@ class SqsReceiver(Receiver[Receipt]):
         receipt.deadline = started + visibility
 
     async def release(self, deliveries: Sequence[Delivery[Receipt]]) -> None:
-        """Give back deliveries the caller never saw (and whatever waits behind them)."""
+        """Give back deliveries the caller never saw (and whatever waits behind them).
+
+        One without a fifo_group is copied back (``_copies``: the correction of its
+        count survives this process); the others get visibility 0 (corrected here)."""
         now = time.monotonic()
-        back: list[tuple[str, str]] = []
+        back: list[Delivery[Receipt]] = []
+        copies: list[Delivery[Receipt]] = []
         for delivery in deliveries:
             if delivery.receipt.deadline <= now:
+                continue
+            if copyable(delivery, now):
+                copies.append(delivery)
                 continue
             key = delivery.receipt.group
             group = self._groups.get(key) if key is not None else None
             if group is not None and group.head is delivery and key is not None:
                 del self._groups[key]
-                back += [(d.id, d.receipt.handle) for d in group.waiting]
-            back.append((delivery.id, delivery.receipt.handle))
-        await self._give_back(back)
+                back += group.waiting
+            back.append(delivery)
+        if copies:
+            back += await copy_back(self._link, self._url, copies)
+        await self._give_back((d.receipt.message_id, d.receipt.handle) for d in back)
 
     async def _give_back(self, messages: Iterable[tuple[str, str]]) -> None:
         """Visibility 0 for messages the caller never saw; their receive is not counted."""
@@ -385,4 +399,4 @@ class SqsReceiver(Receiver[Receipt]):
             held += [d for d in self._ready if d not in held]
             self._groups.clear()
             self._ready.clear()
-            await self._give_back((d.id, d.receipt.handle) for d in held)
+            await self._give_back((d.receipt.message_id, d.receipt.handle) for d in held)

@@ -1,4 +1,10 @@
-"""An amqp:// consumer rides out a RabbitMQ restart (its own throwaway node, other ports).
+"""An amqp:// consumer rides out a *graceful* RabbitMQ restart (its own node, other ports).
+
+The suite's broker restart behaviour (``contract_tests/test_faults_restart.py``, run by
+``scripts/fault-check``) kills the broker with SIGKILL: the client sees its socket drop.
+A graceful stop takes another path, an AMQP one: the node first sends
+``connection.close`` (320 CONNECTION_FORCED) on every connection, which aio-pika reports
+as a closed connection, not as a broken socket. This test covers that path.
 
 The test runs its OWN RabbitMQ node (the Debian ``rabbitmq-server`` that scripts/services
 uses) under a node name, AMQP port, distribution port and data directory of its own,

@@ -42,7 +42,6 @@ async def publish_batch(
     Each future resolves to ``Basic.Ack``, ``Basic.Nack`` or the returned message
     (mandatory, unroutable), as aiormq's ``basic_publish`` would return.
     """
-    loop = asyncio.get_running_loop()
     max_size = channel.max_content_size
     frames: list[Any] = []
     futures: list[asyncio.Future[Any]] = []
@@ -52,7 +51,10 @@ async def publish_batch(
         for routing_key, body, props in items:
             channel.delivery_tag += 1
             tag = channel.delivery_tag
-            fut = loop.create_future()
+            # the channel's own future, as aiormq's basic_publish makes it: a closing
+            # connection fails it (else a publish in flight at a broker kill waits out
+            # request_timeout for a confirm that cannot come)
+            fut = channel.create_future()
             confirmations[tag] = fut
             message_id = str(props.message_id)
             by_id[message_id] = tag

@@ -12,6 +12,15 @@ delivery and every ack, so the fault tests can assert and report:
 * nothing whose ``ack()`` returned is delivered again, except an ack that returned within
   ``capabilities.ack_flush_interval`` of the moment the broker became unreachable (the
   documented coalescing window; for a restart hook, its first ``KILL_GRACE`` seconds).
+
+A publish *in flight at the fault* (called before it, returned after it) may have been
+stored before the fault and sent again after it, its confirm lost (the contract promises
+no dedup without a ``dedup_id``). A second copy of such a message, delivered after the
+first was acked, is reported as ``published_twice``, not as an acked message that came
+back. On RabbitMQ (no broker-side dedup of a resend) this was the cause of every
+"acked message came back" seen in broker restart runs: the message of the one publish in
+flight at the kill, delivered and acked after the restart, then delivered again when that
+publish was resent.
 """
 
 from __future__ import annotations
@@ -148,6 +157,12 @@ class Stream:
         confirmed = self.confirmed()
         acked = self.acked()
         redelivered_in_window, redelivered_after_ack, overlapping = [], [], []
+        published_twice = []
+        in_flight = {  # publish called before the fault and returned after it (or never)
+            b
+            for b, p in self.publishes.items()
+            if p.started < fault_start + kill_grace and (p.ended is None or p.ended > fault_start)
+        }
         duplicates = 0
         for body, seen in self.deliveries.items():
             duplicates += len(seen) - 1
@@ -160,6 +175,9 @@ class Stream:
                 continue
             if min(again) - first_ok < OVERLAP:
                 overlapping.append(body)
+                continue
+            if body in in_flight:  # stored before the fault, resent after it
+                published_twice.append(body)
                 continue
             # the coalescing window around the moment the broker became unreachable
             if fault_start - flush - 0.05 <= first_ok <= fault_start + kill_grace + flush + 0.05:
@@ -201,6 +219,7 @@ class Stream:
             "acked_redelivered_outside_window": len(redelivered_after_ack),
             "acked_redelivered_examples": sorted(redelivered_after_ack)[:5],
             "overlapping_redeliveries": len(overlapping),
+            "published_twice": sorted(published_twice),
             "iterator_errors": self.iterator_errors,
             "outage_s": round(fault_end - fault_start, 2),
             "recovery_s": None if first_after is None else round(first_after - fault_end, 2),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 
@@ -10,7 +11,7 @@ from brokerkit._coalesce import PublishCoalescer
 from brokerkit._consumer import Consumer, ConsumerLink
 from brokerkit._dlq import split_envelope
 from brokerkit._errors import InvalidArgument, ResourceClosed, UnsupportedFeature
-from brokerkit._message import BrowsedMessage, Outgoing, PublishResult, QueueStats
+from brokerkit._message import BrowsedMessage, Outgoing, PublishResult, QueueStats, outgoing
 from brokerkit._redrive import redrive
 from brokerkit._registry import backend_class
 from brokerkit._url import BrokerURL
@@ -122,10 +123,10 @@ class Broker:
         gets its own result or error; see ``brokerkit._coalesce``), so a service may
         publish from thousands of tasks at once.
         """
-        message = Outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
+        message = outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
         coalescer = self._coalescers.get(queue)
         if coalescer is not None:  # made for this name once it was checked: a valid name
-            caps = self.capabilities
+            caps = self._backend.capabilities
             checked = check_outgoing(
                 message,
                 max_bytes=caps.max_message_bytes,
@@ -137,9 +138,8 @@ class Broker:
             return await coalescer.publish(checked)
         (checked,) = self._checked(queue, (message,))
         backend = await self._opened_backend()
-        ref = QueueRef(queue)
         coalescer = self._coalescers.setdefault(
-            queue, PublishCoalescer(lambda batch: backend.publish(ref, batch))
+            queue, PublishCoalescer(functools.partial(backend.publish, QueueRef(queue)))
         )
         return await coalescer.publish(checked)
 

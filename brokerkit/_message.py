@@ -34,6 +34,25 @@ _set_id = vars(PublishResult)["id"].__set__
 _set_duplicate = vars(PublishResult)["duplicate"].__set__
 
 
+_set_body = vars(Outgoing)["body"].__set__
+_set_fifo_group = vars(Outgoing)["fifo_group"].__set__
+_set_dedup_id = vars(Outgoing)["dedup_id"].__set__
+_set_headers = vars(Outgoing)["headers"].__set__
+
+
+def outgoing(
+    body: bytes, fifo_group: str | None, dedup_id: str | None, headers: Mapping[str, str]
+) -> Outgoing:
+    """``Outgoing(body, fifo_group, dedup_id, headers)`` at a fifth of the cost, for
+    ``Broker.publish`` (one per call); the same slot setters as ``publish_results``."""
+    msg = _new(Outgoing)
+    _set_body(msg, body)
+    _set_fifo_group(msg, fifo_group)
+    _set_dedup_id(msg, dedup_id)
+    _set_headers(msg, headers)
+    return msg
+
+
 def publish_results(ids: Iterable[str]) -> list[PublishResult]:
     """``[PublishResult(id) for id in ids]`` at half the cost, for a backend's hot path.
 

@@ -218,14 +218,8 @@ def decode(message: Mapping[str, Any]) -> Decoded:
         return Decoded(body, NO_HEADERS, group_key or None, dedup, group_key)
     meta: bytes = meta_attr["BinaryValue"]
     flags = meta[1]
-    if flags & _EMPTY_BODY:
-        body = b""
-    elif flags & _BINARY_BODY:
-        body = attrs[BODY]["BinaryValue"]
-    else:
-        body = message["Body"].encode()
     return Decoded(
-        body,
+        _body(message, attrs, flags),
         _unpack_headers(meta, 2),
         group_key if flags & _USER_GROUP else None,
         dedup if flags & _USER_DEDUP else None,
@@ -240,12 +234,16 @@ def _decode_copy(
     prior, original_id, dedup = value.split(":", 2)
     meta_attr = attrs.get(META)
     meta: bytes = meta_attr["BinaryValue"] if meta_attr is not None else b"\x01\x00"
-    flags = meta[1]
-    if flags & _EMPTY_BODY:
-        body = b""
-    elif flags & _BINARY_BODY:
-        body = attrs[BODY]["BinaryValue"]
-    else:
-        body = message.get("Body", "").encode()
+    body = _body(message, attrs, meta[1])
     headers = _unpack_headers(meta, 2)
     return Decoded(body, headers, None, dedup or None, group_key, original_id, int(prior))
+
+
+def _body(message: Mapping[str, Any], attrs: Mapping[str, Any], flags: int) -> bytes:
+    """The body, where the flags byte of the ``brokerkit`` attribute says it is."""
+    if flags & _EMPTY_BODY:
+        return b""
+    if flags & _BINARY_BODY:
+        body: bytes = attrs[BODY]["BinaryValue"]
+        return body
+    return str(message.get("Body", "")).encode()

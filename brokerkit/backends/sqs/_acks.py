@@ -11,12 +11,11 @@ import asyncio
 import logging
 from typing import Any
 
-from brokerkit.backends.sqs._link import Link
+from brokerkit.backends.sqs._link import BATCH, Link, batches
 
 __all__ = ["AckBatcher"]
 
 _log = logging.getLogger(__name__)
-_BATCH = 10
 
 
 class AckBatcher:
@@ -33,7 +32,7 @@ class AckBatcher:
     def add(self, handle: str, *, urgent: bool = False) -> None:
         self._pending.append(handle)
         self.urgent = self.urgent or urgent
-        if len(self._pending) >= _BATCH:
+        if len(self._pending) >= BATCH:
             self._send(self._take())
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._interval, self._on_timer)
@@ -52,8 +51,8 @@ class AckBatcher:
             self._send(self._take())
 
     def _send(self, handles: list[str]) -> None:
-        for start in range(0, len(handles), _BATCH):
-            task = asyncio.ensure_future(self._delete(handles[start : start + _BATCH]))
+        for chunk in batches(handles):
+            task = asyncio.ensure_future(self._delete(list(chunk)))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

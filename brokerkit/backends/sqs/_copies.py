@@ -30,7 +30,7 @@ from typing import Any
 
 from brokerkit.backends import Delivery
 from brokerkit.backends.sqs._codec import encode_copy
-from brokerkit.backends.sqs._link import Link
+from brokerkit.backends.sqs._link import Link, batches
 
 __all__ = ["COPY_MARGIN", "copy_back"]
 
@@ -51,8 +51,7 @@ async def copy_back(
 ) -> list[Delivery[Any]]:
     """Copy each delivery and delete it; return those that were not copied."""
     left: list[Delivery[Any]] = []
-    for start in range(0, len(deliveries), 10):
-        chunk = deliveries[start : start + 10]
+    for chunk in batches(deliveries):
         entries = []
         for i, delivery in enumerate(chunk):
             prior = delivery.attempt - 1  # this receive was not seen: it does not count
@@ -81,7 +80,8 @@ async def copy_back(
             failed = len(deletes)
         if failed:  # the originals come back when their leases end: delivered twice
             _log.warning("%d messages copied back but not deleted: delivered twice", failed)
-        late = [chunk[i] for i in sent if chunk[i].receipt.deadline < time.monotonic()]
+        now = time.monotonic()
+        late = [i for i in sent if chunk[i].receipt.deadline < now]
         if late:
             _log.warning("%d messages copied back after their leases ended", len(late))
     return left

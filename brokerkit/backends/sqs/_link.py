@@ -12,18 +12,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, TypeVar
 
 from brokerkit.backends import ConfigError, ErrorMap, QueueRef, UnsupportedFeature
 from brokerkit.backends.sqs._errors import DELETED_RECENTLY, DENIED, NOT_FOUND, aws_code, scrub
 
-__all__ = ["FIFO_ATTRIBUTES", "Link", "sqs_name"]
+__all__ = ["BATCH", "FIFO_ATTRIBUTES", "Link", "batches", "sqs_name"]
 
 _log = logging.getLogger(__name__)
 
 FIFO_ATTRIBUTES = {"FifoQueue": "true", "ContentBasedDeduplication": "false"}
+BATCH = 10
+"""SQS's most entries per ``*Batch`` call (send, delete, change visibility)."""
+T = TypeVar("T")
+
+
+def batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``items`` in slices of at most ``BATCH``, in order."""
+    for start in range(0, len(items), BATCH):
+        yield items[start : start + BATCH]
+
+
 """What brokerkit needs of its queues (and all it sets: the rest stays as the owner made it)."""
 _NAME_LIMIT = 80
 _DLQ_MARK = "_dlq_"  # user names never start with "_", so no user queue can be named so

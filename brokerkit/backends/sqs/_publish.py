@@ -18,13 +18,12 @@ from typing import Any
 
 from brokerkit.backends import BrokerRefused, MessageTooLarge, Outgoing, PublishResult
 from brokerkit.backends.sqs._codec import encode
-from brokerkit.backends.sqs._link import Link
+from brokerkit.backends.sqs._link import BATCH, Link
 
 __all__ = ["MESSAGE_LIMIT", "publish"]
 
 MESSAGE_LIMIT = 1024 * 1024
 """SQS's limit per message and per SendMessageBatch call (body + attributes), in bytes."""
-_BATCH = 10
 _RETRIES = 3
 
 
@@ -48,7 +47,7 @@ def _chunks(entries: list[tuple[Any, int]]) -> list[list[int]]:
     current: list[int] = []
     total = 0
     for i, (_, size) in enumerate(entries):
-        if current and (len(current) == _BATCH or total + size > MESSAGE_LIMIT):
+        if current and (len(current) == BATCH or total + size > MESSAGE_LIMIT):
             chunks.append(current)
             current, total = [], 0
         current.append(i)

@@ -38,7 +38,7 @@ from brokerkit.backends.sqs import _attempts
 from brokerkit.backends.sqs._acks import AckBatcher
 from brokerkit.backends.sqs._codec import BODY, COPY, META, decode
 from brokerkit.backends.sqs._copies import copy_back, copyable
-from brokerkit.backends.sqs._link import Link
+from brokerkit.backends.sqs._link import Link, batches
 
 __all__ = ["LEASE_MARGIN", "MAX_VISIBILITY", "Receipt", "SqsReceiver"]
 
@@ -371,9 +371,7 @@ class SqsReceiver(Receiver[Receipt]):
 
     async def _give_back(self, messages: Iterable[tuple[str, str]]) -> None:
         """Visibility 0 for messages the caller never saw; their receive is not counted."""
-        items = list(messages)
-        for start in range(0, len(items), 10):
-            chunk = items[start : start + 10]
+        for chunk in batches(list(messages)):
             entries = [
                 {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
                 for i, (_, handle) in enumerate(chunk)

@@ -278,6 +278,9 @@ class RabbitReceiver(Receiver[Lease]):
                 await asyncio.sleep(max(0.0, min(_RESUBSCRIBE_PAUSE, end - loop.time())))
                 return []
             await self._fire_dues(now, grace=0.0)
+            # a lease runs from the hand-out: subscribing (after a broker restart, say)
+            # may have taken longer than ack_timeout since ``now`` was read
+            now = loop.time()
             out, redeliveries = self._take(max_messages, now)
             if redeliveries:
                 try:

@@ -10,7 +10,8 @@ mechanisms are written once here, so no backend writes its own:
 
 * ``Options`` / ``parse_options``: typed URL query options (or a mapping), unknown keys
   are ConfigErrors that never echo a value;
-* ``retry_unavailable``: the bounded connect retry before ``BrokerUnavailable``;
+* ``retry_unavailable`` (``_blocking`` on a driver's thread): the bounded connect retry
+  before ``BrokerUnavailable``;
 * ``ErrorMap``: a backend's one table of driver exception -> brokerkit error;
 * ``GroupGate``: per-fifo_group exclusivity; ``LeaseBook``: ready / due-later / leased
   items with tokens, for backends that hold leases themselves; ``DedupWindow``: an
@@ -37,7 +38,7 @@ from brokerkit._fifo import GroupGate
 from brokerkit._leases import LeaseBook, Leased
 from brokerkit._message import Outgoing, PublishResult, QueueStats, publish_results
 from brokerkit._options import Options, parse_options
-from brokerkit._retry import retry_unavailable
+from brokerkit._retry import retry_unavailable, retry_unavailable_blocking
 from brokerkit._url import BrokerURL, HostPort
 from brokerkit._wire import DEDUP_ID_HEADER, FIFO_GROUP_HEADER, HEADER_PREFIX
 from brokerkit.backends.base import (
@@ -86,4 +87,5 @@ __all__ = [
     "parse_options",
     "publish_results",
     "retry_unavailable",
+    "retry_unavailable_blocking",
 ]

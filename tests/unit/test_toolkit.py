@@ -14,12 +14,14 @@ from brokerkit.backends import (
     BrokerUnavailable,
     ConfigError,
     ErrorMap,
+    HostPort,
     LeaseBook,
     LeaseExpired,
     Options,
     QueueRef,
     Receiver,
     parse_options,
+    retry_unavailable_blocking,
 )
 
 
@@ -31,7 +33,7 @@ def test_toolkit_is_pinned() -> None:
         "LeaseBook", "LeaseExpired", "Leased", "MessageTooLarge", "Options", "Outgoing",
         "PublishCopy", "PublishResult", "QueueRef", "QueueStats", "Receiver", "ReceiverSettings",
         "ResourceClosed", "UnsupportedFeature", "parse_options", "publish_results",
-        "retry_unavailable",
+        "retry_unavailable", "retry_unavailable_blocking",
     }  # fmt: skip
     for name in toolkit.__all__:
         assert getattr(toolkit, name) is not None
@@ -163,3 +165,37 @@ def test_staged_items_have_no_deadline_until_extended() -> None:
 def test_brokerkit_exports_broker_refused() -> None:
     assert brokerkit.BrokerRefused is BrokerRefused
     assert BrokerRefused("no", code=406).code == 406
+
+
+def test_blocking_retry_retries_transient_errors_then_answers() -> None:
+    calls: list[int] = []
+
+    def read() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise _DriverDown("not leader yet")
+        return "answer"
+
+    out = retry_unavailable_blocking(
+        read, what="X", hosts=[HostPort("h", 1)], is_transient=lambda e: isinstance(e, OSError)
+    )
+    assert out == "answer" and len(calls) == 3
+
+
+def test_blocking_retry_gives_up_with_broker_unavailable_or_passes_a_refusal_through() -> None:
+    def down() -> None:
+        raise _DriverDown("nobody home")
+
+    with pytest.raises(BrokerUnavailable, match="X at h:1 did not answer after 2 attempts") as info:
+        retry_unavailable_blocking(
+            down, what="X", hosts=[HostPort("h", 1)], is_transient=lambda e: True, attempts=2
+        )
+    assert isinstance(info.value.__cause__, _DriverDown)
+
+    def refused() -> None:
+        raise _DriverSaidNo("denied")
+
+    with pytest.raises(_DriverSaidNo):
+        retry_unavailable_blocking(
+            refused, what="X", hosts=[], is_transient=lambda e: isinstance(e, OSError)
+        )

@@ -26,8 +26,10 @@ from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
-from brokerkit.backends import ErrorMap, LeaseExpired
+from brokerkit.backends import BrokerUnavailable, ErrorMap, LeaseExpired, retry_unavailable_blocking
+from brokerkit.backends.kafka._errors import is_transient
 from brokerkit.backends.kafka._flow import FlowControl
+from brokerkit.backends.kafka._options import hosts_from_servers
 from brokerkit.backends.kafka._partition import Key, Snapshot
 
 __all__ = ["REVOKE_WAIT", "Assigned", "ConsumerThread", "Sink"]
@@ -268,20 +270,20 @@ class ConsumerThread:
             return
         asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         try:
-            committed = consumer.committed(asked, timeout=10)
-        except KafkaException as exc:
-            LOG.warning("kafka committed() failed: %s", exc)
+            committed = self._metadata(lambda: consumer.committed(asked, timeout=10))
+        except (KafkaException, BrokerUnavailable) as exc:
+            LOG.warning("kafka committed() failed: %s (%r)", exc, exc.__cause__)
             committed = [TopicPartition(tp.topic, tp.partition, OFFSET_INVALID) for tp in asked]
         times: dict[Key, int] = {}
         if self._dedup_window is not None:
             since = int(time.time() * 1000) - int(self._dedup_window * 1000) - 1000
+            at = [TopicPartition(tp.topic, tp.partition, since) for tp in asked]
             try:
-                found = consumer.offsets_for_times(
-                    [TopicPartition(tp.topic, tp.partition, since) for tp in asked], timeout=10
-                )
+                found = self._metadata(lambda: consumer.offsets_for_times(at, timeout=10))
                 times = {(tp.topic, tp.partition): tp.offset for tp in found}
-            except KafkaException as exc:
-                LOG.warning("kafka offsets_for_times failed: %s", exc)
+            except (KafkaException, BrokerUnavailable) as exc:
+                # the dedup memory of these partitions starts at the commit point
+                LOG.warning("kafka offsets_for_times failed: %s (%r)", exc, exc.__cause__)
         infos: list[Assigned] = []
         starts = []
         for tp in committed:
@@ -302,6 +304,15 @@ class ConsumerThread:
         self._assigned.update(k for k, *_ in infos)
         self._post(self._sink.assigned, infos)
         consumer.incremental_assign(starts)
+
+    def _metadata(self, read: Callable[[], list[TopicPartition]]) -> list[TopicPartition]:
+        """A read in a rebalance callback, transient errors retried by the core's bounded
+        policy (a new topic's partition whose leader is still being elected answers
+        NOT_LEADER_FOR_PARTITION for a moment); BrokerUnavailable after it."""
+        hosts = hosts_from_servers(str(self._config.get("bootstrap.servers", "")))
+        return retry_unavailable_blocking(
+            read, what="Kafka", hosts=hosts, is_transient=is_transient, deadline=10.0
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Wait for handed-out records to settle (bounded), then commit the final state."""

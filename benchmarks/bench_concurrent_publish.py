@@ -6,8 +6,8 @@ services feel it).
 
 Per round, interleaved: ``publish_many`` in batches of 500 (one caller), then
 ``--concurrency`` tasks each making single ``await broker.publish()`` calls one after
-the other, then one task making single calls (the latency a lone caller sees). Every
-publish is broker-confirmed. Prints medians and each round's figures, the ratio of
+the other, then one task making single calls (the latency a lone caller sees), each on
+a fresh queue deleted after it (outside the clock). Every publish is broker-confirmed. Prints medians and each round's figures, the ratio of
 concurrent single publishes to ``publish_many``, and how many calls raised (must be 0).
 """
 
@@ -19,6 +19,7 @@ import contextlib
 import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import brokerkit
 from brokerkit._bench import concurrent_publish_rate, publish_rate, round_line, summary
@@ -36,6 +37,19 @@ async def sequential_latency(
     return statistics.median(times) * 1e6
 
 
+@contextlib.asynccontextmanager
+async def _fresh_queue(broker: brokerkit.Broker) -> AsyncIterator[str]:
+    """A queue of its own per contender, deleted after it (outside the clock): no
+    contender publishes on top of another's messages (on memory:// they stay in the
+    process and make every later garbage collection slower)."""
+    queue = f"bench-cp-{uuid.uuid4().hex[:12]}"
+    try:
+        yield queue
+    finally:
+        with contextlib.suppress(brokerkit.UnsupportedFeature):
+            await broker.delete_queue(queue)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url")
@@ -51,20 +65,20 @@ async def main() -> None:
     errors = 0
     async with brokerkit.connect(args.url) as broker:
         for round_no in range(args.rounds):
-            queue = f"bench-cp-{uuid.uuid4().hex[:12]}"
-            rates["publish_many"].append(await publish_rate(broker, queue, args.messages, body))
+            async with _fresh_queue(broker) as queue:
+                rates["publish_many"].append(await publish_rate(broker, queue, args.messages, body))
             try:
-                rate = await concurrent_publish_rate(
-                    broker, queue, args.messages, body, concurrency=args.concurrency
-                )
+                async with _fresh_queue(broker) as queue:
+                    rate = await concurrent_publish_rate(
+                        broker, queue, args.messages, body, concurrency=args.concurrency
+                    )
                 rates[f"single x{args.concurrency}"].append(rate)
             except brokerkit.BrokerkitError as exc:
                 errors += 1
                 print(f"round {round_no + 1}: concurrent publishes raised {type(exc).__name__}")
-            latency.append(await sequential_latency(broker, queue, args.latency_samples, body))
+            async with _fresh_queue(broker) as queue:
+                latency.append(await sequential_latency(broker, queue, args.latency_samples, body))
             print(round_line(round_no, rates) + f", lone publish {latency[-1]:.0f} us")
-            with contextlib.suppress(brokerkit.UnsupportedFeature):
-                await broker.delete_queue(queue)
     title = (
         f"{broker.url.redacted()}: {args.messages} x {args.size} B, {args.rounds} rounds, "
         f"rounds that raised: {errors}"

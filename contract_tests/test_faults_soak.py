@@ -123,15 +123,18 @@ async def test_soak_nacks_poison_groups_and_throughput(
         for i in range(0, n, CHUNK):
             await producer.publish_many(queue, plan.messages[i : i + CHUNK])
         published_s = time.monotonic() - started
-        await eventually(
-            lambda: (
-                (want_acked <= tally.acked.keys() and plan.poison <= tally.dead)
-                or bool(tally.errors)
-            ),
-            timeout=deadline,
-            interval=0.2,
-            what=f"all {len(want_acked)} messages acked and {len(plan.poison)} dead-lettered",
-        )
+        try:
+            await eventually(
+                lambda: (
+                    (want_acked <= tally.acked.keys() and plan.poison <= tally.dead)
+                    or bool(tally.errors)
+                ),
+                timeout=deadline,
+                interval=0.2,
+                what=f"all {len(want_acked)} messages acked and {len(plan.poison)} dead-lettered",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {_missing(want_acked, plan, tally)}") from None
         consumed_s = time.monotonic() - started
     finally:
         for task in tasks:
@@ -178,6 +181,20 @@ async def test_soak_nacks_poison_groups_and_throughput(
     assert not order_breaks, f"FIFO order broken in groups {order_breaks[:5]}"
     assert not tally.violations, tally.violations[:10]
     assert figures["lost"] == 0
+
+
+def _missing(want_acked: set[str], plan: Plan, tally: Tally) -> str:
+    """What a timed-out soak still waits for: counts, and a sample of the missing bodies
+    (``group:index``) with the attempts each was delivered with (``[]``: never)."""
+    unacked = sorted(want_acked - tally.acked.keys())
+    undead = sorted(plan.poison - tally.dead)
+    sample = {b: tally.deliveries.get(b, []) for b in (unacked + undead)[:12]}
+    return (
+        f"acked {len(want_acked) - len(unacked)}/{len(want_acked)}, "
+        f"dead-lettered {len(plan.poison) - len(undead)}/{len(plan.poison)}, "
+        f"held by a group: {sorted(tally.in_flight.items())[:5]}, "
+        f"missing (attempts delivered): {sample}"
+    )
 
 
 def _scheme(request: pytest.FixtureRequest) -> str:

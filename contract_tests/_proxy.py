@@ -39,6 +39,7 @@ class Proxy:
         self._flowing: asyncio.Event | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
@@ -84,11 +85,27 @@ class Proxy:
             writer.close()
         assert self._flowing is not None
         self._flowing.set()  # let held pumps see the closed sockets and end
+        handlers = list(self._handlers)
+        for task in handlers:  # ended here, not destroyed pending with the loop
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._flowing is not None
         self.connections += 1
         self._writers.add(writer)
+        me = asyncio.current_task()
+        assert me is not None
+        self._handlers.add(me)
+        try:
+            await self._connect_through(reader, writer)
+        finally:
+            self._handlers.discard(me)
+
+    async def _connect_through(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        assert self._flowing is not None
         try:
             await self._flowing.wait()  # a new connection during a cut waits, like a SYN
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
@@ -101,12 +118,15 @@ class Proxy:
             asyncio.ensure_future(self._pump(reader, up_writer)),
             asyncio.ensure_future(self._pump(up_reader, writer)),
         ]
-        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        for pump in pumps:
-            pump.cancel()
-        for w in (writer, up_writer):
-            w.close()
-            self._writers.discard(w)
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for w in (writer, up_writer):
+                w.close()
+                self._writers.discard(w)
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         assert self._flowing is not None

@@ -171,6 +171,7 @@ class Partition:
             seg.end != next_offset or not self.fresh or self.fresh[-1] is not seg
         ):
             seg = None  # a gap, or all handed out: the next plain record starts a new one
+        seg_end = -1 if seg is None else next_offset
         held = 0
         for msg in msgs:
             offset = msg.offset()
@@ -209,13 +210,14 @@ class Partition:
             if group is None and dedup is None and state is None:
                 body = msg.value()
                 size = len(body) if body else 0
-                if seg is None or seg.end != offset or len(seg.msgs) >= SEGMENT_MAX:
+                if offset != seg_end or seg is None or len(seg.msgs) >= SEGMENT_MAX:
                     seg = Segment(self, offset)
                     segs.append(seg)
                     self.fresh.append(seg)
                 seg.msgs.append(msg)
                 seg.state.append(OPEN)
                 seg.size += size
+                seg_end = offset + 1
                 if headers:
                     if seg.heads is None:
                         seg.heads = [NO_HEADERS] * (len(seg.msgs) - 1)

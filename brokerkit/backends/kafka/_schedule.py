@@ -34,7 +34,7 @@ from operator import attrgetter
 
 from brokerkit.backends import LeaseBook, LeaseExpired
 from brokerkit.backends.kafka._partition import WINDOW, Partition, Record
-from brokerkit.backends.kafka._segments import RUN_TOKENS, Run, RunBook, Segment
+from brokerkit.backends.kafka._segments import RUN_BITS, RUN_MASK, RUN_TOKENS, Run, RunBook, Segment
 
 __all__ = ["Batch", "HandOut", "Receipt"]
 
@@ -308,12 +308,20 @@ class HandOut:
     def settle(self, token: Receipt, now: float) -> Partition:
         """Ack or dead-letter: the record leaves (LeaseExpired if the lease was lost).
         Returns its partition."""
-        if token < RUN_TOKENS:
-            found = self._runs.find(token, now)
-            if found is None:
+        if token < RUN_TOKENS:  # the common case, inlined: RunBook.find and done_one
+            runs = self._runs.runs
+            run = runs.get(token >> RUN_BITS)
+            index = -1 if run is None else run.lo + (token & RUN_MASK)
+            if (
+                run is None
+                or index >= run.hi
+                or run.seg.state[index]
+                or (run.deadline if run.extended is None else run.deadline_of(index)) < now
+            ):
                 raise LeaseExpired(f"the lease on token {token} was lost")
-            run, index = found
-            self._runs.done_one(run)
+            run.out -= 1
+            if not run.out:
+                del runs[run.ident]
             part: Partition = run.seg.part
             moved = part.settle_plain(run.seg, index)
         else:

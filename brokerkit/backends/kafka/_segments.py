@@ -31,6 +31,7 @@ __all__ = [
     "CONVERTED",
     "OPEN",
     "RUN_BITS",
+    "RUN_MASK",
     "RUN_TOKENS",
     "SETTLED_PLAIN",
     "Run",
@@ -42,6 +43,7 @@ OPEN, SETTLED_PLAIN, CONVERTED = 0, 1, 2
 """State bytes: not settled (not handed out, or in a run); settled; now a ``Record``."""
 RUN_BITS = 11
 """A run has at most ``2**RUN_BITS`` records (a take splits longer ones)."""
+RUN_MASK = (1 << RUN_BITS) - 1
 RUN_TOKENS = 1 << 40
 """Every run token is below this; every ``LeaseBook`` token is at or above it."""
 _run_ids = itertools.count(1)
@@ -142,7 +144,7 @@ class RunBook:
         run = self.runs.get(token >> RUN_BITS)
         if run is None:
             return None
-        index = run.lo + (token & ((1 << RUN_BITS) - 1))
+        index = run.lo + (token & RUN_MASK)
         if index >= run.hi or run.seg.state[index] != OPEN:
             return None
         ext = run.extended
@@ -156,7 +158,7 @@ class RunBook:
         run = self.runs.get(token >> RUN_BITS)
         if run is None:
             return None
-        index = run.lo + (token & ((1 << RUN_BITS) - 1))
+        index = run.lo + (token & RUN_MASK)
         if index >= run.hi or run.seg.state[index] != OPEN:
             return None
         return run, index

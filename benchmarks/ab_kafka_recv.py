@@ -1,6 +1,7 @@
 """A/B of two brokerkit trees' Kafka consume paths, interleaved with the raw client.
 
-    python benchmarks/ab_kafka_recv.py --a /work/main --b /work/wt-kafka [-n 20000] [--rounds 5]
+    python benchmarks/ab_kafka_recv.py --a /work/main --b /work/wt-kafka [--c TREE] [-n 20000]
+        [--rounds 5]
 
 One queue (6 partitions) is filled once with ``n`` 100-byte messages through brokerkit's
 ``publish_many``; each round then reads all of it with a new group per contender, in a
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--b", default="/work/wt-kafka")
     parser.add_argument("-n", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--c", help="a third tree (C), optional")
     parser.add_argument("--profile")
     args = parser.parse_args()
     if args.child:
@@ -172,6 +174,9 @@ def main() -> None:
         "con A": (args.a, "con", queue, n),
         "con B": (args.b, "con", queue, n),
     }
+    if args.c:
+        contenders["recv C"] = (args.c, "recv", queue, n)
+        contenders["con C"] = (args.c, "con", queue, n)
     rates: dict[str, list[float]] = {k: [] for k in contenders}
     names = list(contenders)
     try:
@@ -184,21 +189,25 @@ def main() -> None:
     finally:
         asyncio.run(delete(queue))
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"A = {args.a}, B = {args.b}; {args.rounds} rounds of {args.n}")
+    trees = f"A = {args.a}, B = {args.b}" + (f", C = {args.c}" if args.c else "")
+    print(f"{trees}; {args.rounds} rounds of {args.n}")
     for k, v in rates.items():
         print(f"  {k:<14} median {med[k]:>9,.0f}  range {min(v):,.0f}-{max(v):,.0f}")
-    for k in ("recv A", "recv B", "con A", "con B"):
+    for k in [name for name in rates if not name.startswith("raw")]:
         print(
             f"  {k:<8} / raw con/store {med[k] / med['raw con/store']:.3f}"
             f"   / raw con {med[k] / med['raw con']:.3f}"
         )
     for kind in ("recv", "con"):
-        paired = [b / a for a, b in zip(rates[f"{kind} A"], rates[f"{kind} B"], strict=True)]
-        gm = statistics.geometric_mean(paired)
-        print(
-            f"  {kind} B/A paired: geometric mean {gm:.3f},"
-            f" range {min(paired):.3f}-{max(paired):.3f}"
-        )
+        for other in ("B", "C") if args.c else ("B",):
+            paired = [
+                b / a for a, b in zip(rates[f"{kind} A"], rates[f"{kind} {other}"], strict=True)
+            ]
+            gm = statistics.geometric_mean(paired)
+            print(
+                f"  {kind} {other}/A paired: geometric mean {gm:.3f},"
+                f" range {min(paired):.3f}-{max(paired):.3f}"
+            )
 
 
 if __name__ == "__main__":

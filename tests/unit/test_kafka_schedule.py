@@ -312,3 +312,68 @@ def test_plain_records_after_a_fifo_group_keep_the_commit_point_below_it() -> No
     assert part.commit_point() == 0
     schedule.settle(_tokens(taken)[0], 0.0)
     assert part.commit_point() == 7
+
+
+def _expected_states(part: Partition) -> dict[int, OffsetState]:
+    """The committed state of every offset, offset by offset (the reference)."""
+    out: dict[int, OffsetState] = {}
+    commit = part.commit_point()
+    for offset in range(commit, min(part.top + 1, part.next_offset)):
+        rec = part.records.get(offset)
+        seg = next((s for s in part.segs if s.first <= offset < s.end), None)
+        if seg is not None and seg.state[offset - seg.first] != 2:
+            byte, index = seg.state[offset - seg.first], offset - seg.first
+            if byte == 1:
+                out[offset] = OffsetState(SETTLED)
+            elif index < seg.taken:
+                out[offset] = OffsetState(1)
+        elif rec is None:
+            out[offset] = OffsetState(SETTLED)
+        elif rec.count:
+            due = int(rec.due * 1000)
+            out[offset] = OffsetState(rec.count, due if due > time.time() * 1000 else 0)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_snapshot_of_mixed_records_matches_the_state_offset_by_offset(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    schedule, (part,) = _setup(ack_timeout=5.0)
+    msgs = []
+    for o in range(400):
+        kind = rng.random()
+        if kind < 0.1:
+            msgs.append(StubMessage(o, fifo_group=f"g{rng.randrange(3)}"))
+        elif kind < 0.15:
+            msgs.append(StubMessage(o, dedup_id=f"d{rng.randrange(40)}"))
+        else:
+            msgs.append(StubMessage(o))
+    held: list[int] = []
+    now = 0.0
+    for start in range(0, 400, 50):
+        _feed(schedule, part, msgs[start : start + 50], now)
+        held.extend(_tokens(schedule.take(rng.randrange(1, 120), now)))
+        rng.shuffle(held)
+        for _ in range(rng.randrange(len(held) + 1)):
+            token = held.pop()
+            action = rng.random()
+            if action < 0.7:
+                schedule.settle(token, now)
+            elif action < 0.8:
+                schedule.nack(token, rng.choice([0.0, 30.0]), now)
+            elif action < 0.9:
+                schedule.give_back([token], now)
+            else:
+                schedule.extend(token, 60.0, now)
+                held.insert(0, token)
+        schedule.apply_moved(now)
+        now += rng.choice([0.5, 6.0])  # sometimes every lease not extended runs out
+        held = [t for t in held if schedule.holds(t, now)]
+        _, _, commit, meta = part.snapshot()
+        unsettled = [o for o in part.records] + [
+            seg.first + i for seg in part.segs for i, b in enumerate(seg.state) if b == 0
+        ]
+        assert commit == min(unsettled, default=part.next_offset)  # the lowest unsettled
+        assert decode_metadata(commit, meta) == _expected_states(part)

@@ -29,7 +29,7 @@ from typing import Any
 
 from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER, NO_HEADERS, DedupWindow
 from brokerkit.backends.kafka._offsets import SETTLED, decode_metadata, encode_runs, state_text
-from brokerkit.backends.kafka._segments import CONVERTED, OPEN, SETTLED_PLAIN, Segment
+from brokerkit.backends.kafka._segments import CONVERTED, OPEN, SETTLED_PLAIN, Segment, spans
 
 __all__ = [
     "PAUSE_BYTES",
@@ -358,52 +358,61 @@ class Partition:
         """The metadata runs above ``commit``: settled offsets and delivery counts."""
         run_start = run_len = 0
         run_text = ""  # "" = never delivered (omitted)
-        for offset, text in self._states(commit):
+        for offset, length, text in self._spans(commit):
             if text == run_text and offset == run_start + run_len:
-                run_len += 1
+                run_len += length
                 continue
             if run_text:
                 yield run_start, run_len, run_text
-            run_start, run_len, run_text = offset, 1, text
+            run_start, run_len, run_text = offset, length, text
         if run_text:
             yield run_start, run_len, run_text
 
-    def _states(self, commit: int) -> Iterator[tuple[int, str]]:
-        """(offset, state text) above ``commit`` in offset order: the records read so far,
-        then the restored states of offsets not read back yet."""
+    def _spans(self, commit: int) -> Iterator[tuple[int, int, str]]:
+        """(first offset, length, state text) above ``commit`` in offset order: the records
+        read so far (a segment's alike neighbours as one span), then the restored states
+        of offsets not read back yet."""
         now_ms = int(time.time() * 1000)
         records = self.records
         segs = iter(self.segs)
         seg = next(segs, None)
-        for offset in range(commit, min(self.top + 1, self.next_offset)):
+        offset, stop = commit, min(self.top + 1, self.next_offset)
+        while offset < stop:
             while seg is not None and seg.first + len(seg.msgs) <= offset:
                 seg = next(segs, None)
             if seg is not None and offset >= seg.first:
-                index = offset - seg.first
-                byte = seg.state[index]
-                if byte == OPEN:
-                    yield offset, "1" if index < seg.taken else ""
-                    continue
-                if byte == SETTLED_PLAIN:
-                    yield offset, "s"
-                    continue
-            rec = records.get(offset)
-            if rec is None:
-                yield offset, "s"
-            elif rec.count == 0:
-                yield offset, ""
-            elif not rec.due:
-                yield offset, "1" if rec.count == 1 else state_text(rec.count)
-            else:
-                due = int(rec.due * 1000)
-                yield offset, state_text(rec.count, due if due > now_ms else 0)
+                first = seg.first
+                for lo, hi, text in spans(seg, offset - first, stop - first):
+                    if text is not None:
+                        yield first + lo, hi - lo, text
+                    else:  # converted: a Record now, or settled since
+                        for at in range(first + lo, first + hi):
+                            yield at, 1, _record_text(records.get(at), now_ms)
+                offset = min(stop, first + len(seg.msgs))
+                continue
+            end = stop if seg is None else min(stop, seg.first)
+            for at in range(offset, end):
+                yield at, 1, _record_text(records.get(at), now_ms)
+            offset = end
         for offset in sorted(self.restored):
             if offset >= self.next_offset:
                 state = self.restored[offset]
-                yield offset, state_text(state.count, state.due_ms)
+                yield offset, 1, state_text(state.count, state.due_ms)
 
     def snapshot(self) -> Snapshot:
         """The commit offset and the metadata describing the offsets above it."""
         commit = self.commit_point()
         text, _ = encode_runs(commit, self.runs(commit))
         return (self.topic, self.partition, commit, text)
+
+
+def _record_text(rec: Record | None, now_ms: int) -> str:
+    """The state text of an offset outside the segments (None: settled or skipped)."""
+    if rec is None:
+        return "s"
+    if rec.count == 0:
+        return ""
+    if not rec.due:
+        return "1" if rec.count == 1 else state_text(rec.count)
+    due = int(rec.due * 1000)
+    return state_text(rec.count, due if due > now_ms else 0)

@@ -37,6 +37,7 @@ __all__ = [
     "Run",
     "RunBook",
     "Segment",
+    "spans",
 ]
 
 OPEN, SETTLED_PLAIN, CONVERTED = 0, 1, 2
@@ -74,6 +75,37 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"<Segment {self.part.partition}:{self.first}-{self.end} taken={self.taken}>"
+
+
+_BYTES = {OPEN: b"\x00", SETTLED_PLAIN: b"\x01", CONVERTED: b"\x02"}
+
+
+def spans(seg: Segment, lo: int, hi: int) -> Iterator[tuple[int, int, str | None]]:
+    """The states of records ``[lo, hi)`` of ``seg`` as ``(start, end, text)`` spans of
+    alike neighbours: ``"1"`` handed out (count 1), ``""`` not yet, ``"s"`` settled, None
+    converted (the partition's ``Record`` says)."""
+    state, taken = seg.state, seg.taken
+    hi = min(hi, len(state))
+    i = lo
+    while i < hi:
+        byte = state[i]
+        end = hi
+        for other, pattern in _BYTES.items():  # the next byte that differs
+            if other != byte:
+                found = state.find(pattern, i, end)
+                if found >= 0:
+                    end = found
+        if byte == OPEN:
+            if i < taken < end:
+                yield i, taken, "1"
+                yield taken, end, ""
+            else:
+                yield i, end, "1" if i < taken else ""
+        elif byte == SETTLED_PLAIN:
+            yield i, end, "s"
+        else:
+            yield i, end, None
+        i = end
 
 
 class Run:

@@ -206,11 +206,8 @@ class KafkaReceiver(Receiver[Receipt]):
                 # never behind a redelivery: it may be a poison that kills this process,
                 # and the staged records' counts are committed already (a crash would
                 # count an attempt for each of them that no handler ever saw); a plain
-                # record handed out is always a first delivery. Busy: a full batch, or one
-                # cut short by the window while plain records wait below it
-                if all(r.count == 1 for r in delivered.records) and (
-                    len(delivered) == max_messages or schedule.plain_due()
-                ):
+                # record handed out is always a first delivery
+                if len(delivered) == max_messages and all(r.count == 1 for r in delivered.records):
                     self._stage_next(max_messages)
                 return deliveries(delivered)
             now = time.monotonic()

@@ -395,20 +395,14 @@ class HandOut:
         if rec.part.revoking or rec.part.gone:
             self._book.remove(rec, now=now)  # stays in the partition's state (committed)
 
-    def plain_due(self) -> bool:
-        """True when plain records wait below their partition's window (a take gets them)."""
+    def next_wake(self) -> float | None:
+        """The monotonic time something is due next (a record or a lease's end)."""
         for part in self._plain:
             fresh = part.fresh
             if fresh and not part.revoking and not part.gone:
                 seg = fresh[0]
                 if seg.first + seg.taken < part.commit_point() + WINDOW:
-                    return True
-        return False
-
-    def next_wake(self) -> float | None:
-        """The monotonic time something is due next (a record or a lease's end)."""
-        if self.plain_due():
-            return -math.inf
+                    return -math.inf
         times = [t for t in (self._book.next_wake(), self._runs.next_deadline()) if t is not None]
         return min(times) if times else None
 

@@ -377,3 +377,27 @@ def test_the_snapshot_of_mixed_records_matches_the_state_offset_by_offset(seed: 
         ]
         assert commit == min(unsettled, default=part.next_offset)  # the lowest unsettled
         assert decode_metadata(commit, meta) == _expected_states(part)
+
+
+def test_run_tokens_never_meet_book_tokens_however_many_runs_were_leased(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long-lived process leases runs without end (prefetch 1: one per message); a
+    run's token must never fall into the LeaseBook's range (2**40 and up) or stop
+    naming its lease (the old encoding did after 2**29 runs: every ack LeaseExpired)."""
+    import itertools
+
+    from brokerkit.backends.kafka import _segments
+
+    monkeypatch.setattr(_segments, "_run_ids", itertools.count(1 << 45))
+    schedule, (part,) = _setup()
+    _feed(schedule, part, _plain_run(0, 3), 0.0)
+    _feed(schedule, part, [StubMessage(3, dedup_id="d")], 0.0)
+    taken = schedule.take(10, 0.0)
+    tokens = _tokens(taken)
+    assert len(set(tokens)) == 4 and len(taken.runs) == 1 and len(taken.records) == 1
+    for token in tokens:
+        assert schedule.holds(token, 0.0)
+        schedule.settle(token, 0.0)
+    schedule.apply_moved(0.0)
+    assert part.commit_point() == 4 and len(schedule) == 0

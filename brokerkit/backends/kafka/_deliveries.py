@@ -39,7 +39,7 @@ def deliveries(batch: Batch) -> list[Delivery[Receipt]]:
         part = seg.part
         state, msgs, heads, first = seg.state, seg.msgs, seg.heads, seg.first
         shared, prefix = part.extras, f"{part.partition}-"
-        token = run.base - run.lo
+        origin = run.origin
         for index in range(run.lo, run.hi):
             if state[index] != OPEN:
                 continue  # its lease ended while the count commit was on its way
@@ -57,7 +57,7 @@ def deliveries(batch: Batch) -> list[Delivery[Receipt]]:
                     None,
                     None,
                     1,
-                    token + index,
+                    origin - index,
                     extras,
                 )
             )

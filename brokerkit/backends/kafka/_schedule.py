@@ -88,9 +88,9 @@ class Batch:
         ]
         for run in self.runs:
             seg = run.seg
-            base = run.base - run.lo
+            origin = run.origin
             out.extend(
-                (seg.part, seg.first + i, 1, base + i)
+                (seg.part, seg.first + i, 1, origin - i)
                 for i in range(run.lo, run.hi)
                 if seg.state[i] == 0
             )
@@ -310,8 +310,9 @@ class HandOut:
         Returns its partition."""
         if token < RUN_TOKENS:  # the common case, inlined: RunBook.find and done_one
             runs = self._runs.runs
-            run = runs.get(token >> RUN_BITS)
-            index = -1 if run is None else run.lo + (token & RUN_MASK)
+            bits = ~token
+            run = runs.get(bits >> RUN_BITS)
+            index = -1 if run is None else run.lo + (bits & RUN_MASK)
             if (
                 run is None
                 or index >= run.hi

@@ -15,9 +15,10 @@ a count commit that failed, a revoke) leaves the range: it becomes a per-record
 ``Record`` (``Partition.convert``) scheduled by the ``LeaseBook`` like any other, and
 its state byte says so (``CONVERTED``).
 
-Receipts: a run's tokens are ``run id << RUN_BITS | index``, all below ``RUN_TOKENS``;
-the ``LeaseBook``'s tokens are all at or above it (``2**40`` and up), so the two never
-collide and a stale token of either kind names no live lease.
+Receipts: a run's tokens are negative, ``~(run id << RUN_BITS | index in the run)``;
+the ``LeaseBook``'s are positive (``2**40`` and up). Python's integers have no upper
+bound, so however many runs a long-lived process leases, the two never collide and a
+stale token of either kind names no live lease.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ OPEN, SETTLED_PLAIN, CONVERTED = 0, 1, 2
 RUN_BITS = 11
 """A run has at most ``2**RUN_BITS`` records (a take splits longer ones)."""
 RUN_MASK = (1 << RUN_BITS) - 1
-RUN_TOKENS = 1 << 40
-"""Every run token is below this; every ``LeaseBook`` token is at or above it."""
+RUN_TOKENS = 0
+"""Every run token is below this (negative); every ``LeaseBook`` token is above it."""
 _run_ids = itertools.count(1)
 """One sequence for the whole process: a run's token block is unique in it."""
 
@@ -124,13 +125,13 @@ class Run:
         """Per-record deadlines set by ``extend`` (index -> deadline)."""
 
     @property
-    def base(self) -> int:
-        """The token of record ``lo``."""
-        return self.ident << RUN_BITS
+    def origin(self) -> int:
+        """The token of segment record ``index`` is ``origin - index``."""
+        return ~((self.ident << RUN_BITS) - self.lo)
 
     def tokens(self) -> range:
-        base = self.ident << RUN_BITS
-        return range(base, base + self.hi - self.lo)
+        first = ~(self.ident << RUN_BITS)
+        return range(first, first - (self.hi - self.lo), -1)
 
     def deadline_of(self, index: int) -> float:
         ext = self.extended
@@ -173,6 +174,7 @@ class RunBook:
 
     def find(self, token: int, now: float) -> tuple[Run, int] | None:
         """The live run and segment index ``token`` leases at ``now``, else None."""
+        token = ~token
         run = self.runs.get(token >> RUN_BITS)
         if run is None:
             return None
@@ -187,6 +189,7 @@ class RunBook:
 
     def leased(self, token: int) -> tuple[Run, int] | None:
         """As ``find``, whether or not the deadline passed."""
+        token = ~token
         run = self.runs.get(token >> RUN_BITS)
         if run is None:
             return None

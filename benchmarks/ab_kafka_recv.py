@@ -1,7 +1,9 @@
 """A/B of two brokerkit trees' Kafka consume paths, interleaved with the raw client.
 
-    python benchmarks/ab_kafka_recv.py --a /work/main --b /work/wt-kafka [--c TREE] [-n 20000]
+    python benchmarks/ab_kafka_recv.py --a OLD_TREE --b NEW_TREE [--c TREE] [-n 20000]
         [--rounds 5]
+
+(A tree is a checkout of brokerkit, e.g. ``git worktree add ../old HEAD~3``.)
 
 One queue (6 partitions) is filled once with ``n`` 100-byte messages through brokerkit's
 ``publish_many``; each round then reads all of it with a new group per contender, in a
@@ -145,8 +147,8 @@ def profile(kind: str, n: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", nargs=3)
-    parser.add_argument("--a", default="/work/main")
-    parser.add_argument("--b", default="/work/wt-kafka")
+    parser.add_argument("--a", help="a brokerkit checkout (A; required)")
+    parser.add_argument("--b", default=".", help="a brokerkit checkout (B; default: this one)")
     parser.add_argument("-n", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--c", help="a third tree (C), optional")
@@ -163,6 +165,9 @@ def main() -> None:
     if args.profile:
         profile(args.profile, args.n)
         return
+    if not args.a:
+        parser.error("--a (the brokerkit checkout to compare against) is required")
+    args.b = os.path.abspath(args.b)
     queue = f"ab-{uuid.uuid4().hex[:8]}"
     asyncio.run(fill(queue, args.n))
     n = str(args.n)

@@ -167,7 +167,7 @@ def main() -> None:
         return
     if not args.a:
         parser.error("--a (the brokerkit checkout to compare against) is required")
-    args.b = os.path.abspath(args.b)
+    args.a, args.b = os.path.abspath(args.a), os.path.abspath(args.b)
     queue = f"ab-{uuid.uuid4().hex[:8]}"
     asyncio.run(fill(queue, args.n))
     n = str(args.n)

@@ -7,8 +7,9 @@ services feel it).
 Per round, interleaved: ``publish_many`` in batches of 500 (one caller), then
 ``--concurrency`` tasks each making single ``await broker.publish()`` calls one after
 the other, then one task making single calls (the latency a lone caller sees), each on
-a fresh queue deleted after it (outside the clock). Every publish is broker-confirmed. Prints medians and each round's figures, the ratio of
-concurrent single publishes to ``publish_many``, and how many calls raised (must be 0).
+a fresh queue deleted after it (outside the clock). Every publish is broker-confirmed.
+Prints medians and each round's figures, the ratio of concurrent single publishes to
+``publish_many``, and how many calls raised (must be 0).
 """
 
 from __future__ import annotations

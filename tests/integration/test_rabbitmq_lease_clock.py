@@ -36,9 +36,7 @@ async def test_a_delivery_after_a_slow_subscribe_has_its_whole_lease() -> None:
     try:
         async with brokerkit.connect(path.url) as broker:
             await broker.publish(queue, b"a")  # the proxied connection is open and declared
-            async with broker.consumer(
-                queue, "g", ack_timeout=ACK_TIMEOUT, prefetch=1
-            ) as consumer:
+            async with broker.consumer(queue, "g", ack_timeout=ACK_TIMEOUT, prefetch=1) as consumer:
                 path.cut()
                 first = asyncio.ensure_future(receive(consumer, 30.0))
                 # the receive must be waiting for its channel when the cut ends: a fixed

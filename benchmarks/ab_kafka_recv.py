@@ -68,34 +68,10 @@ def child(kind: str, queue: str, n: int) -> float:
 
 
 def raw(topic: str, n: int, store: bool) -> float:
-    from confluent_kafka import Consumer
+    """bench_kafka.py's raw con (``store``: raw con/store), the same loop."""
+    from bench_kafka import raw_consume  # this directory: a sibling script
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": "127.0.0.1:9092",
-            "group.id": f"raw-{uuid.uuid4().hex[:8]}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": not store,
-        }
-    )
-    consumer.subscribe([topic])
-    got, start = 0, 0.0
-    while got < n:
-        msgs = consumer.consume(BATCH, 1.0)
-        if msgs and not start:
-            start = time.perf_counter()
-        for m in msgs:
-            if m.error() is None:
-                if store:
-                    m.value()
-                    consumer.store_offsets(message=m)
-                got += 1
-        if msgs:
-            consumer.commit(asynchronous=False)
-    elapsed = time.perf_counter() - start
-    consumer.close()
-    return n / elapsed
+    return raw_consume("127.0.0.1:9092", topic, n, store_each=store)
 
 
 def run(tree: str, *args: str) -> float:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -189,14 +190,7 @@ class RunBook:
 
     def leased(self, token: int) -> tuple[Run, int] | None:
         """As ``find``, whether or not the deadline passed."""
-        token = ~token
-        run = self.runs.get(token >> RUN_BITS)
-        if run is None:
-            return None
-        index = run.lo + (token & RUN_MASK)
-        if index >= run.hi or run.seg.state[index] != OPEN:
-            return None
-        return run, index
+        return self.find(token, -math.inf)
 
     def done_one(self, run: Run) -> None:
         """One record of ``run`` left it (settled or converted)."""

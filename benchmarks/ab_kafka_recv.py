@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 
 URL = "kafka://127.0.0.1:9092"
@@ -37,26 +36,11 @@ BATCH = 500
 def child(kind: str, queue: str, n: int) -> float:
     import brokerkit
     from brokerkit._bench import drain_rate
-    from brokerkit.backends import QueueRef, ReceiverSettings
 
     async def recv() -> float:
-        async with brokerkit.connect(URL) as broker:
-            await broker.open()
-            receiver = await broker.backend.subscribe(
-                QueueRef(queue), f"r{uuid.uuid4().hex[:8]}", ReceiverSettings(ack_timeout=30.0)
-            )
-            try:
-                got, start = 0, 0.0
-                while got < n:
-                    deliveries = await receiver.receive(BATCH, 1.0)
-                    if deliveries and not start:
-                        start = time.perf_counter()
-                    for d in deliveries:
-                        await receiver.ack(d)
-                    got += len(deliveries)
-                return n / (time.perf_counter() - start)
-            finally:
-                await receiver.aclose()
+        from bench_kafka import bk_receive  # this directory: a sibling script
+
+        return await bk_receive(URL, queue, n, group=f"r{uuid.uuid4().hex[:8]}")
 
     async def con() -> float:
         async with brokerkit.connect(URL) as broker:

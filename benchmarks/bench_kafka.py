@@ -166,12 +166,12 @@ async def declare(url: str, queue: str) -> None:
         await broker.declare(queue)
 
 
-async def bk_receive(url: str, queue: str, n: int) -> float:
+async def bk_receive(url: str, queue: str, n: int, group: str = "bench-recv") -> float:
     """The backend's receiver alone (see the module docstring), timed from the first batch."""
     async with brokerkit.connect(url) as broker:
         await broker.open()
         receiver = await broker.backend.subscribe(
-            QueueRef(queue), "bench-recv", ReceiverSettings(ack_timeout=30.0)
+            QueueRef(queue), group, ReceiverSettings(ack_timeout=30.0)
         )
         try:
             got, start = 0, 0.0

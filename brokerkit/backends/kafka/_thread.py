@@ -88,6 +88,8 @@ class ConsumerThread:
         errors: ErrorMap,
     ) -> None:
         self._config = config
+        self._hosts = hosts_from_servers(str(config.get("bootstrap.servers", "")))
+        """For the errors of the rebalance callback's retried reads."""
         self._topic = topic
         self._dedup_window = dedup_window
         """Start reading this long before the commit point (rebuilds the dedup memory)."""
@@ -309,9 +311,8 @@ class ConsumerThread:
         """A read in a rebalance callback, transient errors retried by the core's bounded
         policy (a new topic's partition whose leader is still being elected answers
         NOT_LEADER_FOR_PARTITION for a moment); BrokerUnavailable after it."""
-        hosts = hosts_from_servers(str(self._config.get("bootstrap.servers", "")))
         return retry_unavailable_blocking(
-            read, what="Kafka", hosts=hosts, is_transient=is_transient, deadline=10.0
+            read, what="Kafka", hosts=self._hosts, is_transient=is_transient, deadline=10.0
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

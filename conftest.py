@@ -10,6 +10,14 @@ pure logic and of memory:// carry no group and are spread freely.
 
 from __future__ import annotations
 
+import asyncio
+import faulthandler
+import gc
+import os
+import re
+import threading
+from pathlib import Path
+
 import pytest
 
 # tests/integration/test_<broker>_*.py talk to that broker (or to a throwaway node of it)
@@ -46,3 +54,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = broker_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+# A test that hangs must fail with a report, not stall CI until its hard limit:
+# scripts/test-all and scripts/fault-check run pytest with pytest-timeout's ``--timeout``
+# (method ``thread``: on expiry the worker ends, and pytest-xdist reports that test as
+# failed). What the timeout prints is lost with the worker's captured output, and thread
+# stacks show only the event loop waiting in select(); so a little before the timeout the
+# test's pending asyncio tasks (the coroutine each is stuck in names the hang) and every
+# thread's stack are written to a file in $BROKERKIT_HANG_REPORTS, which scripts/test-all
+# prints at the end.
+_TASK_REPORT_LEAD_S = 15.0
+_task_report_timers: dict[str, threading.Timer] = {}
+
+
+def _write_hang_report(nodeid: str, directory: Path) -> None:
+    tasks = [o for o in gc.get_objects() if isinstance(o, asyncio.Task) and not o.done()]
+    directory.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid)[-150:]
+    with open(directory / f"{os.getpid()}-{name}.txt", "w") as out:
+        print(f"{nodeid}: near its timeout; {len(tasks)} pending asyncio tasks", file=out)
+        for task in tasks:
+            print(f"--- {task!r}", file=out)
+            task.print_stack(limit=12, file=out)
+        print("--- every thread", file=out)
+        out.flush()
+        faulthandler.dump_traceback(out, all_threads=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> None:
+    timeout = float(getattr(settings, "timeout", 0) or 0)
+    directory = os.environ.get("BROKERKIT_HANG_REPORTS")
+    if not directory or timeout <= _TASK_REPORT_LEAD_S:
+        return
+    timer = threading.Timer(
+        timeout - _TASK_REPORT_LEAD_S, _write_hang_report, (item.nodeid, Path(directory))
+    )
+    timer.daemon = True
+    timer.start()
+    _task_report_timers[item.nodeid] = timer
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    timer = _task_report_timers.pop(item.nodeid, None)
+    if timer is not None:
+        timer.cancel()

@@ -122,9 +122,9 @@ class LastAttempts:
         buffer = self._link.buffer
         await buffer.finish_fetch()
         if receiver.release_uncounted:
-            rest = buffer.drain_unexpired(_now())
-            if rest:
-                with contextlib.suppress(LeaseExpired):
-                    await receiver.release(rest)
+            for rest in buffer.drain(_now()):
+                if rest:
+                    with contextlib.suppress(LeaseExpired):
+                        await receiver.release(rest)
         if flush > 0:
             await asyncio.sleep(flush)  # acks already made reach the broker before it goes out

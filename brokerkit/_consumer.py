@@ -330,8 +330,10 @@ class Consumer:
                 if buffered <= self._read_ahead_at and buffer.fetch is None and not self._closing:
                     self._start_fetch(self.prefetch - buffered, wait=0.0)
                 deadline = buffer.lease_end
-                if _now() > deadline:
-                    continue  # the lease ran out while buffered: the broker redelivers it
+                if _now() > deadline:  # ran out buffered (the loop lagged): given back with
+                    self._give_back_unseen([delivery])  # the rest that did, uncounted
+                    buffer.give_back_stale()
+                    continue
                 if delivery.attempt >= self.max_attempts and not self.dead_letters:
                     flush = self._backend.capabilities.ack_flush_interval if self._backend else 0.0
                     if not await alone.hand_out(delivery, deadline, receiver, flush):
@@ -476,17 +478,18 @@ class Consumer:
         now = _now()
         seen = [m._delivery for m in list(self._held) if m._give_back(now)]
         self._buffer.stop_giving_back()  # what is buffered now is given back just below
-        unseen = self._buffer.drain_unexpired(now)
+        unseen, ran_out = self._buffer.drain(now)
         self._held.clear()
         try:
             # held by the caller and never settled: a failed attempt, like a crash
             for delivery in seen:
                 with contextlib.suppress(LeaseExpired):  # lost meanwhile: redelivered anyway
                     await receiver.nack(delivery, 0.0)
-            # fetched but never handed out: given back, uncounted where the broker allows
-            if unseen:
-                with contextlib.suppress(LeaseExpired):
-                    await receiver.release(unseen)
+            # fetched, never handed out (leases run out or not): given back, uncounted
+            for back in (unseen, ran_out):
+                if back:
+                    with contextlib.suppress(LeaseExpired):
+                        await receiver.release(back)
         finally:
             if self._releases:  # give-backs on their way finish before the receiver closes
                 await asyncio.wait(list(self._releases), timeout=_POLL_WAIT + 5.0)

@@ -101,15 +101,20 @@ class FetchBuffer:
             return True
         return any(d.attempt == 1 for _, batch in self._batches for d in batch)
 
-    def drain_unexpired(self, now: float) -> list[Delivery[Any]]:
-        """Empty the buffer; return what it held whose leases had not run out at ``now``."""
-        rest = self._batch[self._pos :] if self.lease_end > now else []
+    def drain(self, now: float) -> tuple[list[Delivery[Any]], list[Delivery[Any]]]:
+        """Empty the buffer; return what it held, split into (still leased at ``now``, ran
+        out). Both are the caller's to give back: a receiver that counted a delivery when
+        it took it (NATS's attempt book) takes the count back on a release even after the
+        lease ran out (a receiver that cannot, ignores it); dropped, it would come back
+        with an attempt counted that no handler saw."""
+        leased: list[Delivery[Any]] = []
+        ran_out: list[Delivery[Any]] = []
+        (leased if self.lease_end > now else ran_out).extend(self._batch[self._pos :])
         for lease_end, batch in self._batches:
-            if lease_end > now:
-                rest += batch
+            (leased if lease_end > now else ran_out).extend(batch)
         self._batch, self._pos, self.count = [], 0, 0
         self._batches.clear()
-        return rest
+        return leased, ran_out
 
     def stop_giving_back(self) -> None:
         """No more give-backs (close): what is buffered then is the closer's to handle."""
@@ -127,11 +132,16 @@ class FetchBuffer:
         if timer is not None:
             timer.cancel()
         self._due = due
-        self._timer = asyncio.get_running_loop().call_later(max(due - _now(), 0.0), self._expiring)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(max(due - _now(), 0.0), self.give_back_stale)
 
-    def _expiring(self) -> None:
-        """Take out what would run out within the margin; give it back; arm for the next."""
-        self._timer = None
+    def give_back_stale(self) -> None:
+        """Take out what runs out within the margin (or ran out: a loop that lagged past
+        the timer); give it back; arm for the next. The timer calls it, and the consumer
+        when it meets a delivery whose lease ran out."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         give_back = self._give_back
         if give_back is None:
             return

@@ -50,6 +50,36 @@ KILL_GRACE = 1.0
 before it may be lost with the broker, within the coalescing window)."""
 
 
+class LoopLag:
+    """How late the event loop ran, sampled every ``EVERY`` s: an ack's commit that the
+    backend sends from a loop timer (a coalesced ack) goes out late by as much, so a lost
+    ack is reported with the lag between its return and the kill (a figure, not an
+    excuse: the verdict does not change)."""
+
+    EVERY = 0.01
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []  # (when, how late)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.EVERY)
+            self.samples.append((before, time.monotonic() - before - self.EVERY))
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def worst(self, start: float, end: float) -> float:
+        """The largest lateness of a sample that began in [start, end]."""
+        return max((late for t, late in self.samples if start <= t <= end), default=0.0)
+
+
 @dataclass
 class Publish:
     started: float
@@ -73,10 +103,12 @@ class Stream:
     acks: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # (t, "ok"|type)
     iterator_errors: list[str] = field(default_factory=list)
     paused: asyncio.Event = field(default_factory=asyncio.Event)  # set: publisher paused
+    lag: LoopLag = field(default_factory=LoopLag)
     _stop: bool = False
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def start(self) -> None:
+        self.lag.start()
         self._tasks.append(asyncio.ensure_future(self._publisher()))
         for consumer in self.consumers:
             self._tasks.append(asyncio.ensure_future(self._consume(consumer)))
@@ -127,6 +159,7 @@ class Stream:
 
     async def close(self) -> None:
         self._stop = True
+        self.lag.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -183,9 +216,10 @@ class Stream:
             if fault_start - flush - 0.05 <= first_ok <= fault_start + kill_grace + flush + 0.05:
                 redelivered_in_window.append(body)
             else:
+                lag = self.lag.worst(first_ok - 0.5, fault_start + kill_grace)
                 redelivered_after_ack.append(
                     f"{body} (acked at {first_ok - fault_start:+.2f}s, "
-                    f"again {min(again) - first_ok:.2f}s later)"
+                    f"again {min(again) - first_ok:.2f}s later; loop late by up to {lag:.2f}s)"
                 )
         late = [
             b
@@ -213,6 +247,7 @@ class Stream:
             "delivered": len(self.deliveries),
             "lost": len(confirmed - acked),
             "lost_examples": sorted(confirmed - acked)[:5],
+            "loop_late_max_s": round(self.lag.worst(fault_start - 2, fault_start + kill_grace), 3),
             "duplicates": duplicates,
             "ack_errors": ack_errors,
             "acked_redelivered_in_window": len(redelivered_in_window),

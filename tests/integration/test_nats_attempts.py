@@ -8,7 +8,9 @@ nats://127.0.0.1:4222) with fresh random queue names; skipped when none answers 
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -78,3 +80,37 @@ async def test_release_counts_no_attempt_and_nack_counts_one(backend: NatsBacken
         await backend.delete_queue(queue.name)
     with pytest.raises(nats.js.errors.NotFoundError):
         await backend.link.js.stream_info(f"brokerkit_a_{queue.name}")
+
+
+@pytest.mark.parametrize("then", ["close", "receive"])
+async def test_fetched_ahead_whose_lease_ran_out_in_the_buffer_count_no_attempt(
+    backend: NatsBackend, then: str
+) -> None:
+    """docs/reliability.md item 6: the consumer's loop lags past the give-back of what it
+    fetched ahead, so those leases run out in its buffer. Whether the consumer then
+    closes or hands out its next message, they are given back (the book takes back the
+    count it wrote at the take), not dropped: no handler saw them, so they come back as
+    attempt 1. Dropped, JetStream's ``num_delivered`` of 2 made them attempt 2."""
+    queue = f"t-lag-{uuid.uuid4().hex[:10]}"
+    ack_timeout = 2.0
+    async with brokerkit.connect(URL) as broker:
+        try:
+            await broker.publish_many(queue, [brokerkit.Outgoing(b"%d" % i) for i in range(6)])
+            async with broker.consumer(queue, "g", ack_timeout=ack_timeout, prefetch=6) as slow:
+                first = await slow.__anext__()
+                await first.ack()
+                # the fault: a loop blocked past every lease the read-ahead holds (a
+                # handler that hogs the CPU); nothing waits here for a result
+                time.sleep(ack_timeout * 1.5)  # noqa: ASYNC251 (blocking is the fault)
+                if then == "receive":
+                    rest = [await asyncio.wait_for(slow.__anext__(), 30.0) for _ in range(5)]
+                    for msg in rest:
+                        await msg.ack()
+            if then == "close":
+                async with broker.consumer(queue, "g", ack_timeout=10.0) as other:
+                    rest = [await asyncio.wait_for(other.__anext__(), 30.0) for _ in range(5)]
+                    for msg in rest:
+                        await msg.ack()
+            assert [m.attempt for m in rest] == [1] * 5, [(m.body, m.attempt) for m in rest]
+        finally:
+            await broker.delete_queue(queue)

@@ -75,13 +75,15 @@ async def test_has_first_time_behind_sees_the_current_batch_and_the_queued_ones(
     assert not buffer.has_first_time_behind()
 
 
-async def test_drain_unexpired_empties_it_and_drops_what_ran_out() -> None:
+async def test_drain_empties_it_and_splits_off_what_ran_out() -> None:
     buffer = FetchBuffer(ack_timeout=30.0)
     await _filled(buffer, [_d("a"), _d("b")])
     buffer.take()
     buffer.put_back_behind(_d("old"), 5.0)  # ran out at 5
     buffer.put_back_behind(_d("new"), 1e18)
-    assert [d.id for d in buffer.drain_unexpired(now=10.0)] == ["b", "new"]
+    leased, ran_out = buffer.drain(now=10.0)
+    assert [d.id for d in leased] == ["b", "new"]
+    assert [d.id for d in ran_out] == ["old"]  # returned too: the closer gives it back
     assert buffer.count == 0 and buffer.take() is None
 
 
@@ -134,7 +136,7 @@ async def test_nothing_is_given_back_once_the_closer_stops_it() -> None:
     buffer = FetchBuffer(0.2, given.append)
     await _filled(buffer, [_d("a")])
     buffer.stop_giving_back()
-    assert [d.id for d in buffer.drain_unexpired(0.0)] == ["a"]
+    assert [d.id for d in buffer.drain(0.0)[0]] == ["a"]
     await _filled(buffer, [_d("b")])  # fetched while closing: the closer's to handle
     await asyncio.sleep(0.3)  # past b's lease: the give-back would have run by now
     assert given == []
@@ -144,6 +146,6 @@ async def test_a_drain_before_a_last_attempt_leaves_giving_back_on() -> None:
     given: asyncio.Queue[list[str]] = asyncio.Queue()
     buffer = FetchBuffer(0.4, lambda ds: given.put_nowait([d.id for d in ds]))
     await _filled(buffer, [_d("a")])
-    assert [d.id for d in buffer.drain_unexpired(0.0)] == ["a"]  # _alone's give-back
+    assert [d.id for d in buffer.drain(0.0)[0]] == ["a"]  # _alone's give-back
     await _filled(buffer, [_d("b")])
     assert await asyncio.wait_for(given.get(), 2.0) == ["b"]

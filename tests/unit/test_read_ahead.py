@@ -6,6 +6,7 @@ Pure facade logic, so a scripted in-process backend stands in for a broker.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,3 +116,29 @@ async def test_prefetch_one_fetches_only_when_asked() -> None:
     await consume(receiver, prefetch=1, take=10)
     assert all(n == 1 and wait > 0 for n, wait in receiver.calls)
     assert receiver.released == []
+
+
+async def _lag_past_the_leases(then_take: int) -> CountingReceiver:
+    """Hand out one of 6 read ahead, block the loop past every lease (a handler that hogs
+    the CPU: the give-back timer cannot run), then take ``then_take`` more and close."""
+    receiver = CountingReceiver(available=7)  # 6 read ahead, 1 for a later fetch
+    async with brokerkit.from_backend(ScriptedBackend(receiver)) as broker:
+        async with broker.consumer("q", prefetch=6, ack_timeout=0.2) as consumer:
+            await (await consumer.__anext__()).ack()
+            time.sleep(0.3)  # noqa: ASYNC251 (the fault itself: a blocked loop)
+            if then_take:
+                got = await asyncio.wait_for(consumer.__anext__(), 5.0)
+                await got.ack()
+    return receiver
+
+
+async def test_what_ran_out_in_the_buffer_is_given_back_at_close_not_dropped() -> None:
+    receiver = await _lag_past_the_leases(then_take=0)
+    # released (a receiver that counted them at the take takes the count back), not dropped
+    assert receiver.acked == [0] and sorted(receiver.released) == [1, 2, 3, 4, 5]
+
+
+async def test_what_ran_out_in_the_buffer_is_given_back_when_met_at_hand_out() -> None:
+    receiver = await _lag_past_the_leases(then_take=1)
+    # the hand-out met 1 run out: 1-5 given back together; the caller got the next fetch's
+    assert receiver.acked == [0, 6] and sorted(receiver.released) == [1, 2, 3, 4, 5]

@@ -171,6 +171,15 @@ class Stream:
     def confirmed(self) -> set[str]:
         return {b for b, p in self.publishes.items() if p.outcome == "ok"}
 
+    def last_answer_before(self, t: float) -> float | None:
+        """When the broker last confirmed a publish before ``t``: the latest moment it is
+        known to have been alive (None if it confirmed nothing before ``t``)."""
+        ends = [
+            p.ended for p in self.publishes.values()
+            if p.outcome == "ok" and p.ended is not None and p.ended < t
+        ]  # fmt: skip
+        return max(ends, default=None)
+
     def acked(self) -> set[str]:
         return {b for b, acks in self.acks.items() if any(r == "ok" for _, r in acks)}
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,7 +151,12 @@ class Stream:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            self.iterator_errors.append(type(exc).__name__)
+            # the type and where it was raised (file:line, no message: it could carry a
+            # broker address)
+            frames = traceback.extract_tb(exc.__traceback__)[-3:]
+            at = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(frames))
+            name = type(exc).__name__
+            self.iterator_errors.append(f"{name} at {at}" if at else name)
 
     async def stop_publishing(self) -> None:
         self._stop = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -114,3 +115,61 @@ async def test_fetched_ahead_whose_lease_ran_out_in_the_buffer_count_no_attempt(
             assert [m.attempt for m in rest] == [1] * 5, [(m.body, m.attempt) for m in rest]
         finally:
             await broker.delete_queue(queue)
+
+
+def _wait_until_sent_again(stream: str, durable: str, deliveries: int) -> None:
+    """From a thread with its own connection: until JetStream has sent ``durable``'s
+    messages ``deliveries`` times in all (its delivered consumer sequence)."""
+
+    async def poll() -> None:
+        nc = await nats.connect(URL)
+        try:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                info = await nc.jetstream().consumer_info(stream, durable)
+                if info.delivered.consumer_seq >= deliveries:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"{durable} never sent its message again")
+        finally:
+            await nc.close()
+
+    asyncio.run(poll())
+
+
+async def test_released_just_before_the_close_is_not_lost_in_the_closing_inbox(
+    backend: NatsBackend,
+) -> None:
+    """docs/reliability.md item 7: a pull request outlives the ``receive`` that issued it,
+    and a ``release`` makes the server redeliver at once, to that request. Here the
+    redelivery reaches the receiver while it closes (the loop is held until the server
+    has sent it, so it waits unread in the socket). A plain unsubscribe dropped it on
+    arrival: the server held it for ``ack_wait`` (30 s) and counted it, and a limited
+    redrive moved a younger dead letter first. The close drains the inbox and gives it
+    back: the next receiver gets it at once, as attempt 1."""
+    for _ in range(3):  # how soon the server sends it varies: the old close lost 3 in 5
+        await _release_then_close_then_receive(backend)
+
+
+async def _release_then_close_then_receive(backend: NatsBackend) -> None:
+    queue = QueueRef(f"t-close-{uuid.uuid4().hex[:10]}")
+    try:
+        await backend.publish(queue, [brokerkit.Outgoing(b"m")])
+        r = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+        [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open for 5 s
+        await r.release([d])
+        layout = await backend._existing(queue)  # the stream's name
+        assert layout is not None
+        waiter = threading.Thread(
+            target=_wait_until_sent_again, args=(layout.stream, layout.consumer("g", 0), 2)
+        )
+        waiter.start()
+        waiter.join()  # the loop is held on purpose: the redelivery stays unread
+        await r.aclose()
+        again = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+        got = await again.receive(1, 5.0)
+        assert [(x.body, x.attempt) for x in got] == [(b"m", 1)]
+        await again.ack(got[0])
+        await again.aclose()
+    finally:
+        await backend.delete_queue(queue.name)

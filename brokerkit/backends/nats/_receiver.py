@@ -435,11 +435,11 @@ class NatsReceiver(Receiver[Lease]):
             await msg.term()
         self._settled(delivery)
 
-    async def _drain(self) -> list[Msg]:
+    async def _drain(self) -> None:
         """Before 2.10: wait (keeping the inbox) until every outstanding pull request ended.
 
         Ended = its 404/408 status arrived, or its expiry plus a grace passed.
-        Whatever it still delivers meanwhile is returned, to be given back.
+        Whatever it still delivers meanwhile lands in the buffer, to be given back.
         """
         loop = asyncio.get_running_loop()
         while True:
@@ -453,32 +453,51 @@ class NatsReceiver(Receiver[Lease]):
                 await asyncio.wait_for(self._arrived.wait(), max(live) - now)
             except TimeoutError:
                 break
-        arrived = [msg for _, msg in self._buffer]
-        self._buffer.clear()
         self._pulls = [None] * len(self._pulls)
-        return arrived
 
     async def aclose(self) -> None:
-        """Stop pulling (unsubscribe), give back buffered deliveries (``-NAK``), flush."""
+        """Stop pulling (drain the inbox), give back buffered deliveries (``-NAK``), flush.
+
+        The inbox is drained, not dropped: UNSUB, a round trip, and what the server sent
+        before it heard the UNSUB still lands in the buffer and is given back. A pull
+        request outlives the ``receive`` that issued it, and a ``release`` just before
+        the close makes the server redeliver at once, to that request: a plain
+        unsubscribe dropped such a delivery on arrival, and the server held it until
+        ``ack_wait`` ran out and counted it (a limited redrive then missed the oldest).
+        """
         if self._closed:
             return
         self._closed = True
         link = self._link
         link.receivers.discard(self)
         sub, self._sub = self._sub, None
-        buffered = [msg for _, msg in self._buffer]
-        self._buffer.clear()
         self._renewed.clear()
         nc = link.nc
-        if nc is None or nc.is_closed:
-            return
         try:
+            if nc is None or nc.is_closed:
+                return
             if link.drain_pulls:
-                buffered += await self._drain()
+                await self._drain()
             if sub is not None:
-                await sub.unsubscribe()
+                await self._stop(sub)
+            buffered = [msg for _, msg in self._buffer]
+            self._buffer.clear()
             for msg in buffered:
                 await self._nak(msg, 0.0)
             await nc.flush(timeout=max(1, int(self._request_timeout)))
         except _BEST_EFFORT:
             pass  # the server redelivers whatever it did not hear about after ack_wait
+        finally:
+            self._buffer.clear()
+
+    async def _stop(self, sub: Subscription) -> None:
+        """``sub.drain()`` within the request timeout; on a cut path, drop it unheard."""
+        try:
+            await asyncio.wait_for(sub.drain(), max(1.0, self._request_timeout))  # type: ignore[no-untyped-call]
+        except (*_BEST_EFFORT, asyncio.CancelledError) as exc:
+            # nats-py leaves a subscription whose drain failed registered (and resubscribed
+            # after a reconnect): remove it the way its own unsubscribe does
+            sub._stop_processing()  # no public way after a failed drain
+            self._link.client._remove_sub(sub._id)
+            if isinstance(exc, asyncio.CancelledError):
+                raise

@@ -491,7 +491,20 @@ async def test_consumer_survives_a_broker_restart(kafka_node: KafkaNode) -> None
                     f"after the restart ({restart_s:.1f}s) missing {missing}, "
                     f"held back: {back is not None}; seen {inbox.seen}"
                 )
-                msg = await inbox.next(left)
+                try:
+                    msg = await inbox.next(left)
+                except AssertionError as exc:  # say where it stood (it failed once in CI)
+                    try:
+                        state: object = await asyncio.to_thread(
+                            _committed, kafka_node.bootstrap, group_id, topic
+                        )
+                    except Exception as why:  # a diagnostic only
+                        state = why
+                    raise AssertionError(
+                        f"{exc}; after the restart ({restart_s:.1f}s) missing {missing}, "
+                        f"held back: {back is not None}; seen {inbox.seen}; committed "
+                        f"{state}; broker log: {kafka_node.log_tail(2000)}"
+                    ) from exc
                 assert msg.body not in acked, (
                     f"{msg.body!r} was acked (and committed) before the restart, "
                     f"delivered again with attempt {msg.attempt}"

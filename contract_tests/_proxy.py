@@ -40,6 +40,8 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._handlers: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._accepted = 0
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
@@ -79,19 +81,36 @@ class Proxy:
             self._loop.close()
 
     async def _close(self) -> None:
+        self._closing = True  # a handler that starts from now on aborts its connection
+        loop = asyncio.get_running_loop()
         if self._server is not None:
+            # Stop accepting first, then let what was accepted reach its handler, then
+            # close the server: a socket accepted just before ``Server.close`` whose
+            # transport is made after it is never closed (asyncio 3.11's ``_attach``
+            # asserts in its accept task), and its ResourceWarning failed a run.
+            for sock in self._server.sockets:
+                loop.remove_reader(sock.fileno())
+            deadline, last = loop.time() + 2.0, -1
+            while self._accepted != last and loop.time() < deadline:
+                last = self._accepted
+                await asyncio.sleep(0.02)
             self._server.close()
         for writer in list(self._writers):
-            writer.close()
+            writer.transport.abort()  # close() would wait to flush what a peer never reads
         assert self._flowing is not None
         self._flowing.set()  # let held pumps see the closed sockets and end
         handlers = list(self._handlers)
         for task in handlers:  # ended here, not destroyed pending with the loop
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
+        await asyncio.sleep(0.02)  # a closed transport closes its socket a loop turn later
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._flowing is not None
+        self._accepted += 1
+        if self._closing:
+            writer.transport.abort()
+            return
         self.connections += 1
         self._writers.add(writer)
         me = asyncio.current_task()
@@ -112,6 +131,11 @@ class Proxy:
         except OSError:
             writer.close()
             self._writers.discard(writer)
+            return
+        if self._closing:  # connected while the proxy closed
+            for w in (writer, up_writer):
+                w.transport.abort()
+                self._writers.discard(w)
             return
         self._writers.add(up_writer)
         pumps = [

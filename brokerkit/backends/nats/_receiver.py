@@ -456,15 +456,10 @@ class NatsReceiver(Receiver[Lease]):
         self._pulls = [None] * len(self._pulls)
 
     async def aclose(self) -> None:
-        """Stop pulling (drain the inbox), give back buffered deliveries (``-NAK``), flush.
-
-        The inbox is drained, not dropped: UNSUB, a round trip, and what the server sent
-        before it heard the UNSUB still lands in the buffer and is given back. A pull
-        request outlives the ``receive`` that issued it, and a ``release`` just before
-        the close makes the server redeliver at once, to that request: a plain
-        unsubscribe dropped such a delivery on arrival, and the server held it until
-        ``ack_wait`` ran out and counted it (a limited redrive then missed the oldest).
-        """
+        """Stop pulling, give back buffered deliveries (``-NAK``), flush. The inbox is
+        drained (UNSUB, a round trip): a pull request outlives its ``receive``, and what
+        the server sent to it before the UNSUB (a ``release`` just before the close is
+        redelivered at once) lands in the buffer, not dropped to wait out ``ack_wait``."""
         if self._closed:
             return
         self._closed = True

@@ -73,6 +73,11 @@ _POLL_EVERY = 64
 """``publish`` serves ready delivery reports on its own thread every this many records."""
 _FLUSH_MIN = 64
 _FLUSH_WAIT = 0.001
+_LOOP_POLL = 0.0005
+"""While two or more ``publish`` calls await reports, the loop serves them itself this
+often (see ``_loop_poll``)."""
+_LOOP_POLL_STALE = 0.02
+"""The poll thread steps aside only while the loop served reports this recently."""
 """A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)`` when
 no other publish is in flight (see ``publish``)."""
 
@@ -111,6 +116,9 @@ class KafkaBackend(Backend):
         """``publish`` calls waiting for their delivery reports (records in flight)."""
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
+        self._loop_timer: asyncio.TimerHandle | None = None
+        """Armed while the loop serves delivery reports itself (``_loop_poll``)."""
+        self._loop_polled = 0.0
         self._topics: dict[str, asyncio.Future[None]] = {}
         self._closed = False
 
@@ -299,9 +307,33 @@ class KafkaBackend(Backend):
         self._poller.start()
 
     def _poll_loop(self) -> None:
+        """Serve delivery reports, except while the loop serves them itself: each report
+        served here wants the GIL, and with the loop busy producing for concurrent
+        callers every hand-over cost both threads (``_loop_poll``)."""
         producer = self._live_producer()
         while not self._stop.is_set():
-            producer.poll(0.05)
+            if (
+                self._loop_timer is not None
+                and time.monotonic() - self._loop_polled < _LOOP_POLL_STALE
+            ):
+                self._stop.wait(0.001)
+                continue
+            producer.poll(0.01)
+
+    def _loop_poll(self) -> None:
+        """While two or more ``publish`` calls await their reports, the loop serves them
+        every ``_LOOP_POLL`` and the poll thread steps aside (measured with 4 concurrent
+        ``publish_many``: +10 % throughput). One lone call keeps the poll thread, which
+        serves its report the moment it arrives (a timer would add up to a millisecond
+        to its latency). A blocked loop stops polling: after ``_LOOP_POLL_STALE`` the
+        thread serves again."""
+        producer = self._producer
+        if producer is None or self._awaiting < 2:
+            self._loop_timer = None
+            return
+        self._loop_polled = time.monotonic()
+        producer.poll(0)
+        self._loop_timer = asyncio.get_running_loop().call_later(_LOOP_POLL, self._loop_poll)
 
     async def aclose(self) -> None:
         if self._closed:
@@ -313,6 +345,9 @@ class KafkaBackend(Backend):
         if producer is not None:
             await asyncio.to_thread(producer.flush, 10.0)
         self._stop.set()
+        if self._loop_timer is not None:
+            self._loop_timer.cancel()
+            self._loop_timer = None
         if self._poller is not None:
             await asyncio.to_thread(self._poller.join, 5.0)
 
@@ -373,6 +408,9 @@ class KafkaBackend(Backend):
             # ``linger`` at worst.
             poll(0)
         self._awaiting += 1
+        if self._awaiting >= 2 and self._loop_timer is None:
+            self._loop_polled = time.monotonic()
+            self._loop_timer = asyncio.get_running_loop().call_later(_LOOP_POLL, self._loop_poll)
         try:
             await batch.future
         finally:

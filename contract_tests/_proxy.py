@@ -103,7 +103,9 @@ class Proxy:
         for task in handlers:  # ended here, not destroyed pending with the loop
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
-        await asyncio.sleep(0.02)  # a closed transport closes its socket a loop turn later
+        # an aborted transport closes its socket in a call_soon callback: it runs before
+        # this task resumes
+        await asyncio.sleep(0)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._flowing is not None

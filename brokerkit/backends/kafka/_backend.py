@@ -73,13 +73,13 @@ _POLL_EVERY = 64
 """``publish`` serves ready delivery reports on its own thread every this many records."""
 _FLUSH_MIN = 64
 _FLUSH_WAIT = 0.001
+"""A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)`` when
+no other publish is in flight (see ``publish``)."""
 _LOOP_POLL = 0.0005
 """While two or more ``publish`` calls await reports, the loop serves them itself this
 often (see ``_loop_poll``)."""
 _LOOP_POLL_STALE = 0.02
 """The poll thread steps aside only while the loop served reports this recently."""
-"""A ``publish`` of at least ``_FLUSH_MIN`` records ends with ``flush(_FLUSH_WAIT)`` when
-no other publish is in flight (see ``publish``)."""
 
 T = TypeVar("T")
 
@@ -322,11 +322,11 @@ class KafkaBackend(Backend):
 
     def _loop_poll(self) -> None:
         """While two or more ``publish`` calls await their reports, the loop serves them
-        every ``_LOOP_POLL`` and the poll thread steps aside (measured with 4 concurrent
-        ``publish_many``: +10 % throughput). One lone call keeps the poll thread, which
-        serves its report the moment it arrives (a timer would add up to a millisecond
-        to its latency). A blocked loop stops polling: after ``_LOOP_POLL_STALE`` the
-        thread serves again."""
+        every ``_LOOP_POLL`` and the poll thread steps aside (4 concurrent ``publish_many``:
+        1.15x, docs/backends/kafka.md). One lone call keeps the poll thread, which serves
+        its report the moment it arrives (a timer would add up to a millisecond to its
+        latency). A blocked loop stops polling: after ``_LOOP_POLL_STALE`` the thread
+        serves again."""
         producer = self._producer
         if producer is None or self._awaiting < 2:
             self._loop_timer = None
@@ -409,8 +409,7 @@ class KafkaBackend(Backend):
             poll(0)
         self._awaiting += 1
         if self._awaiting >= 2 and self._loop_timer is None:
-            self._loop_polled = time.monotonic()
-            self._loop_timer = asyncio.get_running_loop().call_later(_LOOP_POLL, self._loop_poll)
+            self._loop_poll()
         try:
             await batch.future
         finally:

@@ -435,7 +435,7 @@ class NatsReceiver(Receiver[Lease]):
             await msg.term()
         self._settled(delivery)
 
-    async def _drain(self) -> None:
+    async def _await_pulls_ended(self) -> None:
         """Before 2.10: wait (keeping the inbox) until every outstanding pull request ended.
 
         Ended = its 404/408 status arrived, or its expiry plus a grace passed.
@@ -472,9 +472,9 @@ class NatsReceiver(Receiver[Lease]):
             if nc is None or nc.is_closed:
                 return
             if link.drain_pulls:
-                await self._drain()
+                await self._await_pulls_ended()
             if sub is not None:
-                await self._stop(sub)
+                await self._drain_inbox(sub)
             buffered = [msg for _, msg in self._buffer]
             self._buffer.clear()
             for msg in buffered:
@@ -485,7 +485,7 @@ class NatsReceiver(Receiver[Lease]):
         finally:
             self._buffer.clear()
 
-    async def _stop(self, sub: Subscription) -> None:
+    async def _drain_inbox(self, sub: Subscription) -> None:
         """``sub.drain()`` within the request timeout; on a cut path, drop it unheard."""
         try:
             await asyncio.wait_for(sub.drain(), max(1.0, self._request_timeout))  # type: ignore[no-untyped-call]

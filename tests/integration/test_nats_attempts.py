@@ -173,3 +173,70 @@ async def _release_then_close_then_receive(backend: NatsBackend) -> None:
         await again.aclose()
     finally:
         await backend.delete_queue(queue.name)
+
+
+async def test_first_delivery_in_the_closing_inbox_counts_no_attempt(
+    backend: NatsBackend,
+) -> None:
+    """A pull request outlives its ``receive``: a message published after the receive
+    returned is sent to it and waits in the receiver's inbox, never handed out. The
+    close gives it back. JetStream counted that send (``num_delivered`` 1), and a
+    redelivery is attempt ``record + 2``: unless the close writes the record down to
+    -1, the next receiver gets a message nobody saw as attempt 2."""
+    queue = QueueRef(f"t-close1-{uuid.uuid4().hex[:10]}")
+    try:
+        await backend.publish(queue, [brokerkit.Outgoing(b"first")])
+        r = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+        [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open for 5 s
+        await r.ack(d)
+        await backend.publish(queue, [brokerkit.Outgoing(b"unseen")])
+        layout = await backend._existing(queue)
+        assert layout is not None
+        waiter = threading.Thread(
+            target=_wait_until_sent_again, args=(layout.stream, layout.consumer("g", 0), 2)
+        )
+        waiter.start()
+        waiter.join()  # sent to the open request; the loop is held, so it is not taken
+        await r.aclose()
+        again = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+        got = await again.receive(1, 5.0)
+        assert [(x.body, x.attempt) for x in got] == [(b"unseen", 1)]
+        await again.ack(got[0])
+        await again.aclose()
+    finally:
+        await backend.delete_queue(queue.name)
+
+
+async def test_first_delivery_gone_stale_in_the_inbox_counts_no_attempt(
+    backend: NatsBackend,
+) -> None:
+    """A first delivery that waited in the receiver's inbox past half its lease (a
+    lagging loop) is not handed out: its server lease is nearly over. It is given back
+    at once, uncounted, so it comes back as attempt 1 (left to run out, JetStream
+    counted it and it came back as attempt 2, after the whole ``ack_wait``)."""
+    queue = QueueRef(f"t-stale1-{uuid.uuid4().hex[:10]}")
+    ack_timeout = 2.0
+    try:
+        await backend.publish(queue, [brokerkit.Outgoing(b"first")])
+        r = await backend.subscribe(queue, "g", ReceiverSettings(ack_timeout))
+        [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open for 5 s
+        await r.ack(d)
+        await backend.publish(queue, [brokerkit.Outgoing(b"stale")])
+        layout = await backend._existing(queue)
+        assert layout is not None
+        waiter = threading.Thread(
+            target=_wait_until_sent_again, args=(layout.stream, layout.consumer("g", 0), 2)
+        )
+        waiter.start()
+        waiter.join()
+        # the fault: the loop lags past half the lease before the next receive
+        time.sleep(ack_timeout * 0.6)  # noqa: ASYNC251 (blocking is the fault)
+        got: list[Delivery[Any]] = []
+        deadline = time.monotonic() + 3 * ack_timeout
+        while not got and time.monotonic() < deadline:
+            got = await r.receive(1, 0.5)
+        assert [(x.body, x.attempt) for x in got] == [(b"stale", 1)]
+        await r.ack(got[0])
+        await r.aclose()
+    finally:
+        await backend.delete_queue(queue.name)

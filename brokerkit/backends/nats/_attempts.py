@@ -15,10 +15,12 @@ read or written on the hot path. A redelivery reads its record ``c`` (none: 0) a
 attempt ``c + 2`` (the first delivery is taken as handed out); before it is handed out
 the record becomes ``c + 1``, and its PubAck is awaited, so a crash right after the
 hand-out still counts it. A release (a delivery handed to the facade, never to the
-caller) writes ``attempt - 2``: its next delivery has the same attempt. Deliveries the
-receiver drops unseen (stale in its buffer, given back at close) write nothing, so they
-count nothing either. Records live ``max_age`` like the messages (the stream is created
-by ``declare`` or on the first write that finds none, and deleted with the queue).
+caller) writes ``attempt - 2``: its next delivery has the same attempt. A delivery the
+receiver gives back unseen (stale in its inbox, or there at close) is not counted either:
+a redelivery's record was not raised (it was never taken), and a first delivery's record
+is written down to -1 (``uncount_first``), since JetStream counted its send. Records
+live ``max_age`` like the messages (the stream is created by ``declare`` or on the first
+write that finds none, and deleted with the queue).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import asyncio
 from collections.abc import Sequence
 
 import nats.js.errors
+from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from brokerkit.backends.nats._layout import QueueLayout
@@ -66,6 +69,12 @@ class AttemptBook:
             return int(msg.data or b"0")
         except ValueError:
             return 0
+
+    async def uncount_first(self, msgs: Sequence[Msg]) -> None:
+        """First deliveries given back unseen: record -1, so the next is attempt 1 again."""
+        await self.record(
+            [(m.metadata.sequence.stream, -1) for m in msgs if m.metadata.num_delivered == 1]
+        )
 
     async def record(self, items: Sequence[tuple[int, int]]) -> None:
         """Write (stream sequence, count) each; returns once the server stored them all."""

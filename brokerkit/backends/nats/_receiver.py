@@ -8,12 +8,13 @@ it; whatever it delivers lands in this receiver's buffer, stamped with its
 arrival time, and is handed out by the next ``receive``. A message that waited
 in the buffer gets ``in_progress()`` when handed out, so the server's
 ``ack_wait`` clock restarts with the facade's lease clock; one that waited
-longer than half its lease is dropped (the server redelivers it).
+longer than half its lease is given back unseen and uncounted (``_give_back_unseen``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -40,6 +41,7 @@ from brokerkit.backends import (
 )
 from brokerkit.backends.nats._attempts import AttemptBook
 from brokerkit.backends.nats._layout import QueueLayout, decode_headers
+from brokerkit.backends.nats._lease import Lease, new_lease
 from brokerkit.backends.nats._link import NatsLink
 
 __all__ = ["Lease", "NatsReceiver"]
@@ -49,7 +51,7 @@ _HEARTBEAT = "100"
 _REFRESH_AFTER = 0.01
 """Buffered longer than this: ``in_progress()`` when handed out, to realign the server lease."""
 _STALE_FRACTION = 0.5
-"""Buffered longer than this share of ack_timeout: dropped and left to the server to redeliver."""
+"""Buffered longer than this share of ack_timeout: given back unseen, not handed out."""
 _EXPIRY_GRACE = 0.25
 """A pull request is taken as finished this long after its expiry even if no 408 came."""
 _MAX_PULL = 30.0
@@ -73,31 +75,6 @@ _BEST_EFFORT = (
     ResourceClosed,
 )
 """What a best-effort step at close may meet (the server redelivers what it did not hear)."""
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Lease:
-    """A delivery's receipt: the message and when the server's ack_wait runs out, as of the
-    hand-out. Never changed: a renewal by ``extend`` is kept by the receiver (hashed by
-    identity)."""
-
-    msg: Msg
-    deadline: float
-
-
-_new = object.__new__
-_set_msg = vars(Lease)["msg"].__set__
-_set_deadline = vars(Lease)["deadline"].__set__
-
-
-def _lease(msg: Msg, deadline: float) -> Lease:
-    """``Lease(msg, deadline)`` at half the cost, once per delivered message: a frozen
-    dataclass's ``__init__`` sets each field through ``object.__setattr__``; the slots' own
-    descriptors set them directly."""
-    lease: Lease = _new(Lease)
-    _set_msg(lease, msg)
-    _set_deadline(lease, deadline)
-    return lease
 
 
 @dataclass(slots=True)
@@ -270,17 +247,19 @@ class NatsReceiver(Receiver[Lease]):
                         return await self._take(max_messages)
 
     async def _take(self, max_messages: int) -> list[Delivery[Lease]]:
-        """Up to ``max_messages`` buffered deliveries; drops stale ones, refreshes aged ones."""
+        """Up to ``max_messages`` buffered deliveries; stale ones go back, aged ones refreshed."""
         now = asyncio.get_running_loop().time()
         stale = self._settings.ack_timeout * _STALE_FRACTION
         lease = self._settings.ack_timeout
         taken: list[tuple[float, Msg]] = []
         out: list[Delivery[Lease]] = []
         again: list[int] = []  # indexes of redeliveries: their attempt is in the book
+        unseen: list[tuple[float, Msg]] = []
         while self._buffer and len(out) < max_messages:
             arrived, msg = self._buffer.popleft()
             if now - arrived > stale:
-                continue  # its server lease is nearly over: the server redelivers it
+                unseen.append((arrived, msg))  # its server lease is nearly over
+                continue
             taken.append((arrived, msg))
             refresh = now - arrived > _REFRESH_AFTER
             delivery = self._delivery(msg, (now if refresh else arrived) + lease)
@@ -288,6 +267,8 @@ class NatsReceiver(Receiver[Lease]):
                 again.append(len(out))
             out.append(delivery)
         try:
+            if unseen:
+                await self._give_back_unseen(unseen, now)
             for arrived, msg in taken:
                 if now - arrived > _REFRESH_AFTER:
                     await msg.in_progress()
@@ -321,7 +302,7 @@ class NatsReceiver(Receiver[Lease]):
             fifo_group=fifo_group,
             dedup_id=None if self._dead_letters else msg_id,
             attempt=md.num_delivered,
-            receipt=_lease(msg, deadline),
+            receipt=new_lease(msg, deadline),
             extras={
                 "stream": md.stream,
                 "consumer": md.consumer,
@@ -394,6 +375,17 @@ class NatsReceiver(Receiver[Lease]):
                 left = pull.expires_at + _EXPIRY_GRACE - asyncio.get_running_loop().time()
                 delay = max(delay, left)
         await msg.nak(delay=delay if delay > 0 else None)
+
+    async def _give_back_unseen(self, unseen: Sequence[tuple[float, Msg]], now: float) -> None:
+        """``-NAK`` what was sent here and handed to nobody, uncounted: a first delivery's
+        record becomes -1 first (JetStream counted the send). What may be past its server
+        lease (arrival stamps are the earliest it could have been sent) is the server's."""
+        live = [m for at, m in unseen if now - at < self._settings.ack_timeout - _LEASE_MARGIN]
+        with contextlib.suppress(*_BEST_EFFORT):  # not given back: its lease runs out
+            if self._book is not None:
+                await self._book.uncount_first(live)
+            for msg in live:
+                await self._nak(msg, 0.0)
 
     async def release(self, deliveries: Sequence[Delivery[Lease]]) -> None:
         """release -> the record set to ``attempt - 2`` (the next delivery has the same
@@ -475,10 +467,9 @@ class NatsReceiver(Receiver[Lease]):
                 await self._await_pulls_ended()
             if sub is not None:
                 await self._drain_inbox(sub)
-            buffered = [msg for _, msg in self._buffer]
+            buffered = list(self._buffer)
             self._buffer.clear()
-            for msg in buffered:
-                await self._nak(msg, 0.0)
+            await self._give_back_unseen(buffered, asyncio.get_running_loop().time())
             await nc.flush(timeout=max(1, int(self._request_timeout)))
         except _BEST_EFFORT:
             pass  # the server redelivers whatever it did not hear about after ack_wait

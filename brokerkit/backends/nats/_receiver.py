@@ -377,13 +377,15 @@ class NatsReceiver(Receiver[Lease]):
         await msg.nak(delay=delay if delay > 0 else None)
 
     async def _give_back_unseen(self, unseen: Sequence[tuple[float, Msg]], now: float) -> None:
-        """``-NAK`` what was sent here and handed to nobody, uncounted: a first delivery's
-        record becomes -1 first (JetStream counted the send). What may be past its server
-        lease (arrival stamps are the earliest it could have been sent) is the server's."""
+        """Give back what was sent here and handed to nobody, uncounted: a first delivery's
+        record becomes -1 (JetStream counted the send), then ``-NAK``, except for what may
+        be past its server lease (arrival stamps are the earliest it could have been sent),
+        which the server redelivers itself (if it already did, the -1 may leave the count
+        one low, as two holders writing one record do; never one high)."""
         live = [m for at, m in unseen if now - at < self._settings.ack_timeout - _LEASE_MARGIN]
         with contextlib.suppress(*_BEST_EFFORT):  # not given back: its lease runs out
             if self._book is not None:
-                await self._book.uncount_first(live)
+                await self._book.uncount_first([m for _, m in unseen])
             for msg in live:
                 await self._nak(msg, 0.0)
 

@@ -8,7 +8,8 @@ delivery and every ack, so the fault tests can assert and report:
 * every publish that returned is acked by a consumer in the end (``lost`` must be 0);
 * a publish during the outage returns or raises ``BrokerUnavailable``: never hangs
   (bounded), never raises anything else;
-* the consumers keep iterating by themselves (their iterator never raises);
+* the consumers keep iterating by themselves (their iterator never raises, and an
+  ``ack()`` raises only the errors the contract names);
 * nothing whose ``ack()`` returned is delivered again, except an ack that returned within
   ``capabilities.ack_flush_interval`` of the moment the broker became unreachable (the
   documented coalescing window; for a restart hook, its first ``KILL_GRACE`` seconds).
@@ -49,6 +50,14 @@ acking. Reported as ``overlapping_redeliveries``; a lost ack shows up a lease la
 KILL_GRACE = 1.0
 """The restart hook kills the broker within this long of starting (acks that returned
 before it may be lost with the broker, within the coalescing window)."""
+
+
+def _where(exc: BaseException) -> str:
+    """The type and where it was raised (file:line; no message: it could carry a broker
+    address)."""
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    at = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(frames))
+    return f"{type(exc).__name__} at {at}" if at else type(exc).__name__
 
 
 class LoopLag:
@@ -146,17 +155,15 @@ class Stream:
                     await msg.ack()
                 except brokerkit.BrokerkitError as exc:
                     self.acks.setdefault(body, []).append((time.monotonic(), type(exc).__name__))
+                except Exception as exc:  # not an error the contract names: ends the loop
+                    self.iterator_errors.append(f"ack() raised {_where(exc)}")
+                    return
                 else:
                     self.acks.setdefault(body, []).append((time.monotonic(), "ok"))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            # the type and where it was raised (file:line, no message: it could carry a
-            # broker address)
-            frames = traceback.extract_tb(exc.__traceback__)[-3:]
-            at = " < ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(frames))
-            name = type(exc).__name__
-            self.iterator_errors.append(f"{name} at {at}" if at else name)
+            self.iterator_errors.append(_where(exc))
 
     async def stop_publishing(self) -> None:
         self._stop = True
@@ -290,7 +297,7 @@ def violations(figures: dict[str, Any]) -> list[str]:
     if figures["publish_errors"]:
         out.append(f"publish raised other than BrokerUnavailable: {figures['publish_errors']}")
     if figures["iterator_errors"]:
-        out.append(f"a consumer's iterator raised (no recovery): {figures['iterator_errors']}")
+        out.append(f"a consumer's loop raised (no recovery): {figures['iterator_errors']}")
     if figures["acked_redelivered_outside_window"]:
         out.append(
             f"{figures['acked_redelivered_outside_window']} messages whose ack() returned "

@@ -328,12 +328,15 @@ class KafkaReceiver(Receiver[Receipt]):
             await Handover.recorded(delivery.id, final, _ACK_WAIT)
             return
         end = time.monotonic() + _ACK_WAIT
+        ok: set[Key] | None = None
         with self._handover.acking(rec, delivery.receipt, now) as taken:
-            while True:
+            # a revoke may begin in any pause (it settles the record and takes this ack
+            # over), and a record whose lease ran out may be settled by its next holder
+            while not taken.done() and part.records.get(rec.offset) is rec:
                 commit = asyncio.ensure_future(self._thread.commit([part.snapshot_settling(rec)]))
                 left = end - time.monotonic()
                 await asyncio.wait((commit, taken), timeout=left, return_when=FIRST_COMPLETED)
-                ok: set[Key] | None = commit.result() if commit.done() else None
+                ok = commit.result() if commit.done() else None
                 commit.cancel()
                 if taken.done() or ok is None or part.key in ok or part.gone or self._closed:
                     break
@@ -362,6 +365,8 @@ class KafkaReceiver(Receiver[Receipt]):
             raise LeaseExpired(
                 f"message {delivery.id!r}: its partition moved before the ack was recorded"
             )
+        if part.records.get(rec.offset) is not rec:
+            raise LeaseExpired(f"the lease on message {delivery.id!r} was lost")
         first = self._link.hosts[0] if self._link.hosts else HostPort("localhost", 9092)
         reason = f"no answer within {_ACK_WAIT:g} s" if ok is None else "the commit failed"
         where = ", ".join(str(h) for h in self._link.hosts) or str(first)

@@ -4,11 +4,10 @@ A message that comes back with ``attempt >= max_attempts`` may be the one that c
 its last consumers, and may crash this one. Then no innocent neighbour must be pushed
 past ``max_attempts`` with it, into the DLQ. Before its hand-out:
 
-1. first-time messages fetched behind it go first (once: it must not wait out its lease);
-2. what the caller holds is settled (never waiting past those leases);
-3. what was fetched ahead is given back, where the receiver's ``release_uncounted``
+1. what the caller holds is settled (never waiting past those leases);
+2. what was fetched ahead is given back, where the receiver's ``release_uncounted``
    says that counts no attempt (elsewhere a release would count one: it stays);
-4. the acks made so far get ``capabilities.ack_flush_interval`` to reach the broker;
+3. the acks made so far get ``capabilities.ack_flush_interval`` to reach the broker;
 
 and nothing more is fetched or handed out until it is settled or its lease ends
 (``blocks``). Earlier attempts need none of this: a neighbour that lost an attempt
@@ -16,6 +15,15 @@ and nothing more is fetched or handed out until it is settled or its lease ends
 attempts left, and the last one is where it stops losing them. The cost falls on last
 attempts only. One past the last (``attempt > max_attempts``: delivered that often and
 never settled, by crashes or hangs) goes to the DLQ.
+
+Its own ack returns only once that interval has passed too (``FlushedAck``): the next
+message handed out may be a poison, and a crash that lost a coalesced ack would bring an
+innocent last attempt back past ``max_attempts``, into the DLQ (Kafka and SQS coalesce).
+
+It goes out before the first-time messages fetched behind it, not after them: any of
+those may be a poison too, and a crash while this one waited in the buffer would count
+its last attempt unseen (to the DLQ without its last try: measured on all five brokers,
+2026-12-02, while first-time messages went first). They are given back (step 2).
 
 The consumer hands in what this needs (``AloneLink``: its fetch buffer, its dead-letter
 step, and two views of what the caller holds); this module never imports it, and the
@@ -27,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +45,6 @@ from brokerkit._fetchbuffer import FetchBuffer
 from brokerkit.backends.base import Delivery, Receiver
 
 _now = time.monotonic
-_REMEMBER = 10_000  # deferred ids remembered, then forgotten at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +62,14 @@ class AloneLink:
 
 
 class LastAttempts:
-    """The policy's state for one consumer: the delivery handed out alone, the deferred ids."""
+    """The policy's state for one consumer: the delivery handed out alone."""
 
-    __slots__ = ("_deferred", "_link", "held")
+    __slots__ = ("_link", "held")
 
     def __init__(self, link: AloneLink) -> None:
         self._link = link
         self.held: Delivery[Any] | None = None
         """The delivery handed out alone, until settled (checked by ``blocks``)."""
-        self._deferred: set[str] = set()
 
     def blocks(self) -> bool:
         """True while a message handed out alone is still held: hand out and fetch nothing."""
@@ -79,9 +85,9 @@ class LastAttempts:
         self, delivery: Delivery[Any], deadline: float, receiver: Receiver[Any], flush: float
     ) -> bool:
         """For a delivery with ``attempt >= max_attempts``: True to hand it out now (alone),
-        False when it went to the DLQ, was put behind first-time messages, or its lease ran
-        out meanwhile. ``flush`` is the backend's ``capabilities.ack_flush_interval``.
-        Cancel-safe: a cancelled call puts the delivery back in front."""
+        False when it went to the DLQ or its lease ran out meanwhile. ``flush`` is the
+        backend's ``capabilities.ack_flush_interval``. Cancel-safe: a cancelled call puts
+        the delivery back in front."""
         link = self._link
         if delivery.attempt > link.max_attempts:
             # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
@@ -89,8 +95,6 @@ class LastAttempts:
             return False
         if delivery.attempt == 1:
             return True  # max_attempts=1: a first delivery is no redelivery
-        if self._defer(delivery, deadline):
-            return False
         try:
             await self._isolate(receiver, flush)
         except asyncio.CancelledError:
@@ -101,23 +105,8 @@ class LastAttempts:
         self.held = delivery
         return True
 
-    def _defer(self, delivery: Delivery[Any], deadline: float) -> bool:
-        """Put ``delivery`` behind the first-time messages fetched after it (once)."""
-        deferred = self._deferred
-        if delivery.id in deferred:
-            deferred.discard(delivery.id)
-            return False
-        buffer = self._link.buffer
-        if not buffer.has_first_time_behind():
-            return False
-        if len(deferred) >= _REMEMBER:
-            deferred.clear()
-        deferred.add(delivery.id)
-        buffer.put_back_behind(delivery, deadline)
-        return True
-
     async def _isolate(self, receiver: Receiver[Any], flush: float) -> None:
-        """Steps 2-4 of the module's docstring."""
+        """Steps 1-3 of the module's docstring."""
         await self._link.settle_held()
         buffer = self._link.buffer
         await buffer.finish_fetch()
@@ -128,3 +117,29 @@ class LastAttempts:
                         await receiver.release(rest)
         if flush > 0:
             await asyncio.sleep(flush)  # acks already made reach the broker before it goes out
+
+
+class FlushedAck(Receiver[Any]):
+    """The receiver, for the message handed out alone: its ``ack`` returns once the
+    backend's ack coalescing window (``ack_flush_interval``) has passed, so a crash in the
+    next hand-out cannot lose it. Everything else goes straight to the receiver."""
+
+    def __init__(self, receiver: Receiver[Any], flush: float) -> None:
+        self._receiver = receiver
+        self._flush = flush
+
+    async def ack(self, delivery: Delivery[Any]) -> None:
+        await self._receiver.ack(delivery)
+        await asyncio.sleep(self._flush)
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
+        return await self._receiver.receive(max_messages, wait)
+
+    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
+        await self._receiver.nack(delivery, delay)
+
+    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
+        await self._receiver.extend(delivery, ack_timeout)
+
+    async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
+        await self._receiver.release(deliveries)

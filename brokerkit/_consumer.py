@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from brokerkit._alone import AloneLink, LastAttempts
+from brokerkit._alone import AloneLink, FlushedAck, LastAttempts
 from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
@@ -25,8 +25,7 @@ from brokerkit._message import DeadLetterInfo, Outgoing
 from brokerkit._validate import check_seconds
 from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver, ReceiverSettings
 
-# The lease clock: monotonic, and the same clock as the event loop's.
-_now = time.monotonic
+_now = time.monotonic  # the lease clock: monotonic, and the same clock as the event loop's
 
 # How long one receive call may wait before the iterator checks for close.
 _POLL_WAIT = 1.0
@@ -254,8 +253,9 @@ class Consumer:
         self._receiver: Receiver[Any] | None = None
         # only DLQ copies carry the envelope
         self._message_class = _DeadLetterMessage if dead_letters else Message
-        # fetched, not yet handed out; given back before a lease runs out in it
-        self._buffer = buffer = FetchBuffer(ack_timeout, self._give_back_unseen)
+        # fetched, not yet handed out (a last attempt first); given back before a lease ends
+        last = 0 if dead_letters else max_attempts
+        self._buffer = buffer = FetchBuffer(ack_timeout, self._give_back_unseen, last)
         self._releases: set[asyncio.Task[None]] = set()
         link_ = AloneLink(buffer, max_attempts, self.move_to_dlq, self._holds, self._settle_held)
         self._alone = LastAttempts(link_)  # a last attempt is handed out alone
@@ -338,6 +338,7 @@ class Consumer:
                     flush = self._backend.capabilities.ack_flush_interval if self._backend else 0.0
                     if not await alone.hand_out(delivery, deadline, receiver, flush):
                         continue  # to the DLQ, put back, or its lease ran out meanwhile
+                    receiver = FlushedAck(receiver, flush)  # its ack waits out the flush
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
                 return message

@@ -41,6 +41,8 @@ class FetchBuffer:
         "_batches",
         "_due",
         "_give_back",
+        "_last_attempt",
+        "_last_waiting",
         "_margin",
         "_pos",
         "_timer",
@@ -53,8 +55,13 @@ class FetchBuffer:
         self,
         ack_timeout: float,
         give_back: Callable[[list[Delivery[Any]]], None] | None = None,
+        last_attempt: int = 0,
     ) -> None:
         self._ack_timeout = ack_timeout
+        self._last_attempt = max(last_attempt, 2) if last_attempt else 0
+        """A redelivery with ``attempt >= last_attempt`` (0: none) goes out before what is
+        buffered ahead of it (``_bring_last_forward``)."""
+        self._last_waiting = False
         self._give_back = give_back
         self._margin = min(GIVE_BACK_MARGIN, ack_timeout / 4)
         self._timer: asyncio.TimerHandle | None = None
@@ -71,6 +78,8 @@ class FetchBuffer:
 
     def take(self) -> Delivery[Any] | None:
         """The next delivery (its lease end is then ``lease_end``), or None when empty."""
+        if self._last_waiting:
+            self._bring_last_forward()
         pos = self._pos
         batch = self._batch
         while pos >= len(batch):
@@ -83,23 +92,42 @@ class FetchBuffer:
         self.count -= 1
         return batch[pos]
 
+    def _bring_last_forward(self) -> None:
+        """Make the first buffered last attempt the next delivery, unless a delivery of its
+        fifo_group is buffered ahead of it (group order holds; ungrouped ones have none).
+
+        A last attempt must not wait behind another message in the buffer: if that one
+        kills the process (a poison), the last attempt is counted unseen and goes to the
+        DLQ without its last try. Handed out, it goes alone (``_alone``)."""
+        last, groups, ahead = self._last_attempt, set(), 0
+        rest = self._batch[self._pos :]
+        for index, (lease_end, batch) in enumerate([(self.lease_end, rest), *self._batches]):
+            for i, delivery in enumerate(batch):
+                group = delivery.fifo_group
+                if delivery.attempt >= last and (group is None or group not in groups):
+                    if not ahead:
+                        return  # it is next already
+                    if index == 0:
+                        rest = rest[:i] + rest[i + 1 :]
+                    elif len(batch) > 1:
+                        self._batches[index - 1] = (lease_end, batch[:i] + batch[i + 1 :])
+                    else:
+                        del self._batches[index - 1]
+                    if rest:
+                        self._batches.appendleft((self.lease_end, rest))
+                    self._batches.appendleft((lease_end, [delivery]))
+                    self._batch, self._pos = [], 0
+                    return
+                ahead += 1
+                if group is not None:
+                    groups.add(group)
+        self._last_waiting = False
+
     def put_back_front(self, delivery: Delivery[Any], lease_end: float) -> None:
         """Hand ``delivery`` out again next, after the batch being handed out."""
         self._batches.appendleft((lease_end, [delivery]))
         self.count += 1
         self._arm(lease_end)
-
-    def put_back_behind(self, delivery: Delivery[Any], lease_end: float) -> None:
-        """Hand ``delivery`` out again after everything buffered now."""
-        self._batches.append((lease_end, [delivery]))
-        self.count += 1
-        self._arm(lease_end)
-
-    def has_first_time_behind(self) -> bool:
-        """True if a first delivery (``attempt == 1``) is buffered."""
-        if any(d.attempt == 1 for d in self._batch[self._pos :]):
-            return True
-        return any(d.attempt == 1 for _, batch in self._batches for d in batch)
 
     def drain(self, now: float) -> tuple[list[Delivery[Any]], list[Delivery[Any]]]:
         """Empty the buffer; return what it held, split into (still leased at ``now``, ran
@@ -179,6 +207,8 @@ class FetchBuffer:
         deliveries = task.result()
         if deliveries:
             lease_end = _now() + self._ack_timeout
+            if self._last_attempt and not self._last_waiting:
+                self._last_waiting = max(d.attempt for d in deliveries) >= self._last_attempt
             self._batches.append((lease_end, deliveries))
             self.count += len(deliveries)
             self._arm(lease_end)

@@ -277,3 +277,67 @@ async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the
         f"redelivery after a crash came {max(late):.2f}s after the lease ran out; the "
         f"backend declares redelivery_slack={slack}s (+{JITTER}s allowance): {figures}"
     )
+
+
+NACK_DELAY = 0.5
+
+
+@pytest.mark.behaviour("crash")
+async def test_a_last_attempt_fetched_beside_a_poison_is_not_dragged_into_the_dlq(
+    broker_url: object, connect: Connect, queue: str, group: str
+) -> None:
+    """A message nacked to its last attempt and a fresh poison arrive in one fetch of a
+    consumer (prefetch 32). The last attempt goes out first, alone, and its ack is on the
+    broker before the poison goes out: the crash that the poison causes costs it nothing.
+    Before: the poison went first (first-time messages went first) and the crash counted
+    the last attempt unseen, or the last attempt went first but its coalesced ack died
+    with the process: either way to the DLQ without its last try (all five brokers)."""
+    if in_process(broker_url):
+        pytest.skip(NOT_RUN + "memory:// is in-process: no other process can consume from it")
+    broker = await connect()
+    await broker.publish(queue, b"N")
+    async with broker.consumer(queue, group, max_attempts=2, ack_timeout=ACK_TIMEOUT) as first:
+        msg = await receive(first)
+        assert (msg.body, msg.attempt) == (b"N", 1)
+        await msg.nack(NACK_DELAY)
+    await asyncio.sleep(NACK_DELAY * 2)  # the condition is the delay itself: N due again
+    await broker.publish(queue, b"P")
+    pool = Pool(
+        broker_url,
+        {
+            "queue": queue,
+            "group": group,
+            "max_attempts": 2,
+            "ack_timeout": ACK_TIMEOUT,
+            "prefetch": 32,
+            "poison": ["P"],
+            "lifetime": 600.0,
+        },
+    )
+    seen: list[tuple[str, str | None, int | None]] = []
+    try:
+        child = await pool.spawn()
+        await pool.ready(child)
+        while True:
+            _, event = await pool.next(START_WAIT, "the child to hold the poison")
+            seen.append((event["ev"], event.get("body"), event.get("attempt")))
+            assert event["ev"] in ("ready", "ack", "hold"), seen
+            if event["ev"] == "hold":
+                pool.kill(child)
+                break
+    finally:
+        await pool.close()
+    assert ("ack", "N", 2) in seen, f"the last attempt was not handled first: {seen}"
+    # the poison comes back (attempt 2, its last) and is given up: only it reaches the DLQ
+    async with broker.consumer(queue, group, max_attempts=2, ack_timeout=ACK_TIMEOUT) as rest:
+        msg = await receive(rest, WAIT + ACK_TIMEOUT + broker.capabilities.redelivery_slack)
+        assert (msg.body, msg.attempt) == (b"P", 2)
+        await msg.nack()  # its last attempt: to the DLQ
+        late = await nothing_within(rest, ACK_TIMEOUT + broker.capabilities.redelivery_slack)
+        assert late is None, f"delivered again: {late!r}"
+    async with broker.dead_letters(queue) as dead:
+        corpse = await receive(dead)
+        assert corpse.body == b"P", f"an innocent was dead-lettered: {corpse!r}"
+        await corpse.ack()
+        extra = await nothing_within(dead, 2.0)
+        assert extra is None, f"an innocent was dead-lettered: {extra!r}"

@@ -47,40 +47,23 @@ async def test_batches_are_handed_out_in_arrival_order_each_with_its_lease_end()
     assert buffer.take() is None and buffer.count == 0
 
 
-async def test_put_back_front_comes_next_after_the_current_batch_behind_after_all() -> None:
+async def test_put_back_front_comes_next_after_the_current_batch() -> None:
     buffer = FetchBuffer(ack_timeout=30.0)
     await _filled(buffer, [_d("a"), _d("b")], [_d("c")])
     assert buffer.take().id == "a"  # type: ignore[union-attr]
     buffer.put_back_front(_d("x", 3), 123.0)
-    buffer.put_back_behind(_d("y", 3), 456.0)
-    assert buffer.count == 4
+    assert buffer.count == 3
     assert buffer.take().id == "b"  # type: ignore[union-attr]
     assert (buffer.take().id, buffer.lease_end) == ("x", 123.0)  # type: ignore[union-attr]
     assert buffer.take().id == "c"  # type: ignore[union-attr]
-    assert (buffer.take().id, buffer.lease_end) == ("y", 456.0)  # type: ignore[union-attr]
-
-
-async def test_has_first_time_behind_sees_the_current_batch_and_the_queued_ones() -> None:
-    buffer = FetchBuffer(ack_timeout=30.0)
-    assert not buffer.has_first_time_behind()
-    await _filled(buffer, [_d("a", 2), _d("b", 2)])
-    assert not buffer.has_first_time_behind()
-    buffer.put_back_behind(_d("c", 1), 1e18)
-    assert buffer.has_first_time_behind()
-    assert _ids(buffer) == ["a", "b", "c"]
-    await _filled(buffer, [_d("d", 2), _d("e", 1)])
-    buffer.take()
-    assert buffer.has_first_time_behind()  # "e", in the batch being handed out
-    buffer.take()
-    assert not buffer.has_first_time_behind()
 
 
 async def test_drain_empties_it_and_splits_off_what_ran_out() -> None:
     buffer = FetchBuffer(ack_timeout=30.0)
     await _filled(buffer, [_d("a"), _d("b")])
     buffer.take()
-    buffer.put_back_behind(_d("old"), 5.0)  # ran out at 5
-    buffer.put_back_behind(_d("new"), 1e18)
+    buffer.put_back_front(_d("old"), 5.0)  # ran out at 5
+    buffer.put_back_front(_d("new"), 1e18)
     leased, ran_out = buffer.drain(now=10.0)
     assert [d.id for d in leased] == ["b", "new"]
     assert [d.id for d in ran_out] == ["old"]  # returned too: the closer gives it back

@@ -87,6 +87,20 @@ async def test_acks_during_a_revoke_are_recorded_by_its_final_commit() -> None:
                 assert again is None, f"an acked message came back: {again!r}"
 
 
+async def _subscribe_and_take_m0(
+    broker: brokerkit.Broker, queue: str, lease: float
+) -> tuple[KafkaReceiver, list[Any]]:
+    """A receiver of group "g" (through the seam) and its delivery of the one message m0."""
+    receiver = await broker.backend.subscribe(QueueRef(queue), "g", ReceiverSettings(lease))
+    assert isinstance(receiver, KafkaReceiver)
+    end = time.monotonic() + DEADLINE
+    got: list[Any] = []
+    while not got and time.monotonic() < end:
+        got = await receiver.receive(1, 1.0)
+    assert [d.body for d in got] == [b"m0"]
+    return receiver, got
+
+
 async def test_a_refused_ack_commit_then_a_revoke_is_recorded_by_the_final_commit() -> None:
     """docs/reliability.md item 8. A synchronous ack whose commit the group refused (a
     rebalance in progress) pauses, then commits again. If the revoke begins in that pause,
@@ -101,14 +115,8 @@ async def test_a_refused_ack_commit_then_a_revoke_is_recorded_by_the_final_commi
     queue = f"rebal-refused-{uuid.uuid4().hex[:8]}"
     async with brokerkit.connect(f"{URL}?partitions=1") as broker:
         await broker.publish(queue, b"m0")
-        receiver = await broker.backend.subscribe(QueueRef(queue), "g", ReceiverSettings(60.0))
+        receiver, got = await _subscribe_and_take_m0(broker, queue, 60.0)
         try:
-            assert isinstance(receiver, KafkaReceiver)
-            end = time.monotonic() + DEADLINE
-            got: list[Any] = []
-            while not got and time.monotonic() < end:
-                got = await receiver.receive(1, 1.0)
-            assert [d.body for d in got] == [b"m0"]
             [key] = [part.key for part in receiver._parts.values()]
             real_commit = receiver._thread.commit
             revoke: list[asyncio.Task[list[Any]]] = []
@@ -153,14 +161,8 @@ async def test_a_refused_ack_commit_whose_record_its_next_holder_acked_raises_le
     lease = 1.0
     async with brokerkit.connect(f"{URL}?partitions=1") as broker:
         await broker.publish(queue, b"m0")
-        receiver = await broker.backend.subscribe(QueueRef(queue), "g", ReceiverSettings(lease))
+        receiver, got = await _subscribe_and_take_m0(broker, queue, lease)
         try:
-            assert isinstance(receiver, KafkaReceiver)
-            end = time.monotonic() + DEADLINE
-            got: list[Any] = []
-            while not got and time.monotonic() < end:
-                got = await receiver.receive(1, 1.0)
-            assert [d.body for d in got] == [b"m0"]
             real_commit = receiver._thread.commit
 
             async def refused(snaps: Any) -> set[Any]:

@@ -137,6 +137,27 @@ def _wait_until_sent_again(stream: str, durable: str, deliveries: int) -> None:
     asyncio.run(poll())
 
 
+async def _hold_the_loop_until_sent(backend: NatsBackend, queue: QueueRef, sent: int) -> None:
+    """Hold the event loop (a thread polls with its own connection) until the group's
+    durable has sent ``sent`` messages in all: what arrives meanwhile stays unread."""
+    layout = await backend._existing(queue)  # the stream's name
+    assert layout is not None
+    waiter = threading.Thread(
+        target=_wait_until_sent_again, args=(layout.stream, layout.consumer("g", 0), sent)
+    )
+    waiter.start()
+    waiter.join()  # the loop is held on purpose
+
+
+async def _next_receiver_gets(backend: NatsBackend, queue: QueueRef, body: bytes) -> None:
+    """A new receiver of the group gets ``body`` at once, as attempt 1, and acks it."""
+    again = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+    got = await again.receive(1, 5.0)
+    assert [(x.body, x.attempt) for x in got] == [(body, 1)]
+    await again.ack(got[0])
+    await again.aclose()
+
+
 async def test_released_just_before_the_close_is_not_lost_in_the_closing_inbox(
     backend: NatsBackend,
 ) -> None:
@@ -158,19 +179,9 @@ async def _release_then_close_then_receive(backend: NatsBackend) -> None:
         r = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
         [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open for 5 s
         await r.release([d])
-        layout = await backend._existing(queue)  # the stream's name
-        assert layout is not None
-        waiter = threading.Thread(
-            target=_wait_until_sent_again, args=(layout.stream, layout.consumer("g", 0), 2)
-        )
-        waiter.start()
-        waiter.join()  # the loop is held on purpose: the redelivery stays unread
+        await _hold_the_loop_until_sent(backend, queue, 2)  # the redelivery stays unread
         await r.aclose()
-        again = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
-        got = await again.receive(1, 5.0)
-        assert [(x.body, x.attempt) for x in got] == [(b"m", 1)]
-        await again.ack(got[0])
-        await again.aclose()
+        await _next_receiver_gets(backend, queue, b"m")
     finally:
         await backend.delete_queue(queue.name)
 
@@ -190,19 +201,9 @@ async def test_first_delivery_in_the_closing_inbox_counts_no_attempt(
         [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open for 5 s
         await r.ack(d)
         await backend.publish(queue, [brokerkit.Outgoing(b"unseen")])
-        layout = await backend._existing(queue)
-        assert layout is not None
-        waiter = threading.Thread(
-            target=_wait_until_sent_again, args=(layout.stream, layout.consumer("g", 0), 2)
-        )
-        waiter.start()
-        waiter.join()  # sent to the open request; the loop is held, so it is not taken
+        await _hold_the_loop_until_sent(backend, queue, 2)  # sent to the open request
         await r.aclose()
-        again = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
-        got = await again.receive(1, 5.0)
-        assert [(x.body, x.attempt) for x in got] == [(b"unseen", 1)]
-        await again.ack(got[0])
-        await again.aclose()
+        await _next_receiver_gets(backend, queue, b"unseen")
     finally:
         await backend.delete_queue(queue.name)
 
@@ -222,13 +223,7 @@ async def test_first_delivery_gone_stale_in_the_inbox_counts_no_attempt(
         [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open for 5 s
         await r.ack(d)
         await backend.publish(queue, [brokerkit.Outgoing(b"stale")])
-        layout = await backend._existing(queue)
-        assert layout is not None
-        waiter = threading.Thread(
-            target=_wait_until_sent_again, args=(layout.stream, layout.consumer("g", 0), 2)
-        )
-        waiter.start()
-        waiter.join()
+        await _hold_the_loop_until_sent(backend, queue, 2)
         # the fault: the loop lags past half the lease before the next receive
         time.sleep(ack_timeout * 0.6)  # noqa: ASYNC251 (blocking is the fault)
         got: list[Delivery[Any]] = []

@@ -186,6 +186,36 @@ async def _release_then_close_then_receive(backend: NatsBackend) -> None:
         await backend.delete_queue(queue.name)
 
 
+async def test_a_close_after_a_nak_unsubscribes_only_once_its_pull_requests_ended(
+    backend: NatsBackend,
+) -> None:
+    """docs/reliability.md item 7, second cause: the server routes a ``-NAK``ed message
+    on its own time, and one routed to a pull request of the closing receiver after its
+    UNSUB was dropped and waited out ``ack_wait`` (a limited redrive then moved a younger
+    dead letter first: 1 in 20 runs beside three CPU burners). The close now keeps the
+    inbox after an immediate ``-NAK`` until its requests have ended; the old close
+    unsubscribed with the request still open."""
+    queue = QueueRef(f"t-naked-{uuid.uuid4().hex[:10]}")
+    try:
+        await backend.publish(queue, [brokerkit.Outgoing(b"m")])
+        r = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+        [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open
+        await r.release([d])  # an immediate -NAK: the server may route it to that request
+        open_at_unsub: list[list[object]] = []
+        drain = r._drain_inbox  # type: ignore[attr-defined]
+
+        async def watched(sub: object) -> None:
+            open_at_unsub.append([p for p in r._pulls if p is not None])  # type: ignore[attr-defined]
+            await drain(sub)
+
+        r._drain_inbox = watched  # type: ignore[attr-defined]
+        await r.aclose()
+        assert [len(x) for x in open_at_unsub] == [0], "unsubscribed with requests open"
+        await _next_receiver_gets(backend, queue, b"m")
+    finally:
+        await backend.delete_queue(queue.name)
+
+
 async def test_first_delivery_in_the_closing_inbox_counts_no_attempt(
     backend: NatsBackend,
 ) -> None:

@@ -54,7 +54,7 @@ _STALE_FRACTION = 0.5
 """Buffered longer than this share of ack_timeout: given back unseen, not handed out."""
 _EXPIRY_GRACE = 0.25
 """A pull request is taken as finished this long after its expiry even if no 408 came."""
-_MAX_PULL = 30.0
+_MAX_PULL = 1.0  # a longer receive re-issues; a close waits for at most this
 _LEASE_MARGIN = 0.02
 """Settling this close to the server's lease end raises LeaseExpired: it may be redelivered."""
 _PRUNE_AT = 1024
@@ -131,6 +131,7 @@ class NatsReceiver(Receiver[Lease]):
         self._inbox = ""
         self._sub: Subscription | None = None
         self._closed = False
+        self._naked_at = -math.inf  # when this receiver last sent an immediate -NAK
         self._heard = 0.0  # when the server last sent this receiver anything
         # a pull request went unanswered (the path may be cut): since when, and its serial
         self._quiet_since: float | None = None
@@ -374,6 +375,8 @@ class NatsReceiver(Receiver[Lease]):
             if pull is not None:
                 left = pull.expires_at + _EXPIRY_GRACE - asyncio.get_running_loop().time()
                 delay = max(delay, left)
+        if delay <= 0:
+            self._naked_at = asyncio.get_running_loop().time()
         await msg.nak(delay=delay if delay > 0 else None)
 
     async def _give_back_unseen(self, unseen: Sequence[tuple[float, Msg]], now: float) -> None:
@@ -430,11 +433,8 @@ class NatsReceiver(Receiver[Lease]):
         self._settled(delivery)
 
     async def _await_pulls_ended(self) -> None:
-        """Before 2.10: wait (keeping the inbox) until every outstanding pull request ended.
-
-        Ended = its 404/408 status arrived, or its expiry plus a grace passed.
-        Whatever it still delivers meanwhile lands in the buffer, to be given back.
-        """
+        """Wait, keeping the inbox, until every outstanding pull request ended (its
+        404/408 status, or expiry plus a grace); what they deliver lands in the buffer."""
         loop = asyncio.get_running_loop()
         while True:
             now = loop.time()
@@ -450,33 +450,42 @@ class NatsReceiver(Receiver[Lease]):
         self._pulls = [None] * len(self._pulls)
 
     async def aclose(self) -> None:
-        """Stop pulling, give back buffered deliveries (``-NAK``), flush. The inbox is
-        drained (UNSUB, a round trip): a pull request outlives its ``receive``, and what
-        the server sent to it before the UNSUB (a ``release`` just before the close is
-        redelivered at once) lands in the buffer, not dropped to wait out ``ack_wait``."""
+        """Give back the buffer (``-NAK``), drain the inbox (UNSUB, a round trip), flush.
+
+        A pull request outlives its ``receive``, and the server routes a ``-NAK``ed message
+        on its own time: routed to our request after the UNSUB, it is dropped and waits out
+        ``ack_wait``. So after an immediate ``-NAK`` the inbox stays until they ended."""
         if self._closed:
             return
         self._closed = True
         link = self._link
         link.receivers.discard(self)
-        sub, self._sub = self._sub, None
         self._renewed.clear()
         nc = link.nc
         try:
             if nc is None or nc.is_closed:
                 return
-            if link.drain_pulls:
+            loop = asyncio.get_running_loop()
+            if self._buffer and not link.drain_pulls:  # what comes back lands in the buffer
+                buffered, self._buffer = list(self._buffer), deque()
+                await self._give_back_unseen(buffered, loop.time())
+            if link.drain_pulls or self._naked_since_pulls_began():
                 await self._await_pulls_ended()
+            sub, self._sub = self._sub, None
             if sub is not None:
                 await self._drain_inbox(sub)
-            buffered = list(self._buffer)
-            self._buffer.clear()
-            await self._give_back_unseen(buffered, asyncio.get_running_loop().time())
+            buffered, self._buffer = list(self._buffer), deque()
+            await self._give_back_unseen(buffered, loop.time())
             await nc.flush(timeout=max(1, int(self._request_timeout)))
         except _BEST_EFFORT:
             pass  # the server redelivers whatever it did not hear about after ack_wait
         finally:
             self._buffer.clear()
+
+    def _naked_since_pulls_began(self) -> bool:
+        """An immediate ``-NAK`` went out while a pull request of ours was outstanding."""
+        issued = [p.issued for p in self._pulls if p is not None]
+        return bool(issued) and self._naked_at >= min(issued)
 
     async def _drain_inbox(self, sub: Subscription) -> None:
         """``sub.drain()`` within the request timeout; on a cut path, drop it unheard."""

@@ -39,6 +39,8 @@ MEASURE = 30.0 * SCALE
 """How long past the declared slack a redelivery is still waited for (to report it)."""
 START_WAIT = 60.0 * SCALE
 """A child process starts Python, imports the driver and joins the group."""
+GROUPS = 5
+"""The grouped case: every message in one of 5 fifo groups, the poison's group included."""
 
 
 @dataclass(eq=False)
@@ -125,13 +127,18 @@ class Pool:
 
 
 @pytest.mark.behaviour("crash")
-@pytest.mark.parametrize("prefetch", [1, 32], ids=["prefetch=1", "prefetch=32"])
+@pytest.mark.parametrize(
+    ("prefetch", "groups"),
+    [(1, 0), (32, 0), (32, GROUPS)],
+    ids=["prefetch=1", "prefetch=32", f"prefetch=32-{GROUPS}-fifo-groups"],
+)
 async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the_poison(
     broker_url: object,
     connect: Connect,
     queue: str,
     group: str,
     prefetch: int,
+    groups: int,
     request: pytest.FixtureRequest,
 ) -> None:
     if in_process(broker_url):
@@ -168,7 +175,13 @@ async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the
         await pool.ready(first)
         await pool.ready(second)
         bodies = [*before, poison, *after]
-        sent = await broker.publish_many(queue, [brokerkit.Outgoing(b.encode()) for b in bodies])
+        sent = await broker.publish_many(
+            queue,
+            [
+                brokerkit.Outgoing(b.encode(), fifo_group=f"g{i % groups}" if groups else None)
+                for i, b in enumerate(bodies)
+            ],
+        )
         poison_id = sent[len(before)].id
 
         def handle(child: Child, event: dict[str, Any]) -> None:
@@ -255,6 +268,7 @@ async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the
     figures = {
         "url_scheme": brokerkit.BrokerURL.parse(str(broker_url)).scheme,
         "prefetch": prefetch,
+        "fifo_groups": groups,
         "ack_timeout": ACK_TIMEOUT,
         "redelivery_slack": slack,
         "kills": len(holds),

@@ -25,6 +25,12 @@ those may be a poison too, and a crash while this one waited in the buffer would
 its last attempt unseen (to the DLQ without its last try: measured on all five brokers,
 2026-12-02, while first-time messages went first). They are given back (step 2).
 
+Every redelivery, not only a last attempt, is shown to the receiver just before it goes
+out (``Receiver.handing_out``, where ``wants_handing_out``): SQS, which counts every
+message it hands over and cannot take a fifo group's count back, makes what it holds
+besides come back after that message's lease, so a crash counts them once, not once per
+crash of a poison they keep arriving with.
+
 The consumer hands in what this needs (``AloneLink``: its fetch buffer, its dead-letter
 step, and two views of what the caller holds); this module never imports it, and the
 state lives in one ``LastAttempts`` per consumer.
@@ -84,22 +90,26 @@ class LastAttempts:
     async def hand_out(
         self, delivery: Delivery[Any], deadline: float, receiver: Receiver[Any], flush: float
     ) -> bool:
-        """For a delivery with ``attempt >= max_attempts``: True to hand it out now (alone),
-        False when it went to the DLQ or its lease ran out meanwhile. ``flush`` is the
-        backend's ``capabilities.ack_flush_interval``. Cancel-safe: a cancelled call puts
-        the delivery back in front."""
+        """For a redelivery (``attempt > 1``): True to hand it out now (alone at
+        ``attempt >= max_attempts``), False when it went to the DLQ or its lease ran out
+        meanwhile. ``flush`` is the backend's ``capabilities.ack_flush_interval``.
+        Cancel-safe: a cancelled call puts the delivery back in front."""
         link = self._link
+        last = delivery.attempt >= link.max_attempts
         if delivery.attempt > link.max_attempts:
             # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
             await link.dead_letter(delivery, REASON_MAX_ATTEMPTS, delivery.attempt - 1)
             return False
-        if delivery.attempt == 1:
-            return True  # max_attempts=1: a first delivery is no redelivery
         try:
-            await self._isolate(receiver, flush)
+            if last:
+                await self._isolate(receiver, flush)
+            if receiver.wants_handing_out:
+                await receiver.handing_out(delivery, link.buffer.buffered())
         except asyncio.CancelledError:
             link.buffer.put_back_front(delivery, deadline)
             raise
+        if not last:
+            return True
         if _now() > deadline:
             return False
         self.held = delivery

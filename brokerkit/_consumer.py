@@ -306,8 +306,7 @@ class Consumer:
         buffer = self._buffer
         alone = self._alone
         while True:
-            # state is re-read after every await: close (or another iterating task) may
-            # have moved it meanwhile
+            # state is re-read after every await: close or another iterating task moves it
             if len(self._held) >= self.max_in_flight or (alone.held is not None and alone.blocks()):
                 await self._wait_for_slot()
                 if self._closing:
@@ -334,11 +333,12 @@ class Consumer:
                     self._give_back_unseen([delivery])  # the rest that did, uncounted
                     buffer.give_back_stale()
                     continue
-                if delivery.attempt >= self.max_attempts and not self.dead_letters:
+                if delivery.attempt > 1 and not self.dead_letters:  # a redelivery
                     flush = self._backend.capabilities.ack_flush_interval if self._backend else 0.0
                     if not await alone.hand_out(delivery, deadline, receiver, flush):
                         continue  # to the DLQ, put back, or its lease ran out meanwhile
-                    receiver = FlushedAck(receiver, flush)  # its ack waits out the flush
+                    if delivery.attempt >= self.max_attempts:  # handed out alone:
+                        receiver = FlushedAck(receiver, flush)  # its ack waits out the flush
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
                 return message

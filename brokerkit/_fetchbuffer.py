@@ -92,6 +92,13 @@ class FetchBuffer:
         self.count -= 1
         return batch[pos]
 
+    def buffered(self) -> list[Delivery[Any]]:
+        """What is buffered and not yet taken, in order (nothing moves)."""
+        out = self._batch[self._pos :]
+        for _, batch in self._batches:
+            out += batch
+        return out
+
     def _bring_last_forward(self) -> None:
         """Make the first buffered last attempt the next delivery, unless a delivery of its
         fifo_group is buffered ahead of it (group order holds; ungrouped ones have none).

@@ -155,6 +155,9 @@ class Receiver(ABC, Generic[R]):
     message (attempt > 1, perhaps the one that crashed a consumer), so that a crash
     while handling it counts no attempt for its neighbours."""
 
+    wants_handing_out: ClassVar[bool] = False
+    """True when ``handing_out`` does something: the facade then calls it."""
+
     @abstractmethod
     async def receive(self, max_messages: int, wait: float) -> list[Delivery[R]]:
         """Lease up to ``max_messages`` messages, waiting at most ``wait`` s for the first.
@@ -202,6 +205,17 @@ class Receiver(ABC, Generic[R]):
         """
         await publish(copy)
         await self.ack(delivery)
+
+    async def handing_out(self, delivery: Delivery[R], unseen: Sequence[Delivery[R]]) -> None:
+        """The facade hands this redelivered message (attempt > 1) to its caller now;
+        ``unseen`` is what it fetched ahead and holds (not yet handed out).
+
+        It may be the message that killed its last consumers, and may kill this one. A
+        broker that counts an attempt for every message it hands over, seen or not, and
+        cannot always take one back (SQS: a fifo group's message), can make what is held
+        unseen come back apart from it, so that repeated crashes do not count those
+        neighbours again each time. Called only if ``wants_handing_out``.
+        """
 
     async def release(self, deliveries: Sequence[Delivery[R]]) -> None:
         """Give back deliveries the caller never saw (fetched ahead, then the consumer closed).

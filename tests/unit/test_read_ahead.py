@@ -142,3 +142,36 @@ async def test_what_ran_out_in_the_buffer_is_given_back_when_met_at_hand_out() -
     receiver = await _lag_past_the_leases(then_take=1)
     # the hand-out met 1 run out: 1-5 given back together; the caller got the next fetch's
     assert receiver.acked == [0, 6] and sorted(receiver.released) == [1, 2, 3, 4, 5]
+
+
+class WatchingReceiver(CountingReceiver):
+    """Hands out deliveries whose attempt is their number (0 and 1: first deliveries,
+    then redeliveries); records every ``handing_out`` with what was held unseen then."""
+
+    wants_handing_out = True
+
+    def __init__(self, available: int) -> None:
+        super().__init__(available)
+        self.handed: list[tuple[int, list[int]]] = []
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[int]]:
+        out = await super().receive(max_messages, wait)
+        return [Delivery(d.id, d.body, {}, None, None, max(d.receipt, 1), d.receipt) for d in out]
+
+    async def handing_out(self, delivery: Delivery[int], unseen: Sequence[Delivery[int]]) -> None:
+        self.handed.append((delivery.receipt, [d.receipt for d in unseen]))
+
+
+async def test_each_redelivery_is_shown_to_the_receiver_with_what_is_held_unseen() -> None:
+    receiver = WatchingReceiver(4)
+    async with brokerkit.from_backend(ScriptedBackend(receiver)) as broker:
+        async with broker.consumer("q", prefetch=4, max_attempts=10) as consumer:
+            seen = []
+            async for msg in consumer:
+                seen.append(msg.attempt)
+                await msg.ack()
+                if len(seen) == 4:
+                    break
+    assert seen == [1, 1, 2, 3]
+    # first deliveries are not shown; each redelivery is, with the rest of the buffer
+    assert receiver.handed == [(2, [3]), (3, [])]

@@ -141,3 +141,49 @@ async def test_a_message_given_back_unseen_counts_no_attempt_in_the_next_process
         await receiver.aclose()
     finally:
         await backend.aclose()
+
+
+async def test_what_a_receiver_holds_beside_a_redelivery_comes_back_apart_from_it(
+    queue: QueueRef,
+) -> None:
+    """docs/reliability.md item 10: SQS counts every message of a received batch. A
+    consumer killed while it handles a redelivery (perhaps the poison that killed the
+    last one) held neighbours unseen; they came back at the same moment, in the same
+    batches, and each further crash counted them again (innocents of other fifo groups
+    dead-lettered). When the facade hands out a redelivery, the receiver makes what it
+    holds besides come back after that message's lease: the first receive after the
+    lease brings the redelivery alone."""
+    async with brokerkit.connect(URL) as broker:
+        await broker.publish_many(
+            queue.name,
+            [
+                brokerkit.Outgoing(b"suspect", fifo_group="gs"),
+                brokerkit.Outgoing(b"neighbour", fifo_group="gn"),
+            ],
+        )
+    backend = SqsBackend.from_url(brokerkit.BrokerURL.parse(URL))
+    await backend.open()
+    try:
+        settings = ReceiverSettings(1.0)
+        crashed = await backend.subscribe(queue, "g", settings)
+        await take(crashed, 2)  # leased and never settled: a consumer killed
+        again = await backend.subscribe(queue, "g", settings)
+        got = await take(again, 2)  # back once the leases end
+        assert [(d.body, d.attempt) for d in got] == [(b"neighbour", 2), (b"suspect", 2)]
+        await again.handing_out(got[1], [got[0]])  # the facade, as it hands it out
+        # ... and this one is killed too: the suspect comes back first, and alone
+        last = await backend.subscribe(queue, "g", settings)
+        first: list[Delivery[Any]] = []
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while not first and asyncio.get_running_loop().time() < deadline:
+            first = await last.receive(10, 1.0)
+        assert [(d.body, d.attempt) for d in first] == [(b"suspect", 3)], (
+            f"the neighbour came back with it: {[(d.body, d.attempt) for d in first]}"
+        )
+        [neighbour] = await take(last, 1)
+        assert (neighbour.body, neighbour.attempt) == (b"neighbour", 3)
+        for delivery in (*first, neighbour):
+            await last.ack(delivery)
+        await last.aclose()
+    finally:
+        await backend.aclose()

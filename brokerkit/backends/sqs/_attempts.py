@@ -16,11 +16,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-__all__ = ["attempt_of", "count_unseen", "forget"]
+__all__ = ["attempt_of", "count_unseen", "forget", "nacked_here", "note_nacked"]
 
 _MAX_ENTRIES = 100_000
 _lock = threading.Lock()
 _unseen: OrderedDict[tuple[str, str], int] = OrderedDict()
+_nacked: OrderedDict[tuple[str, str], None] = OrderedDict()
 
 
 def count_unseen(queue_url: str, message_id: str) -> None:
@@ -42,8 +43,22 @@ def attempt_of(queue_url: str, message_id: str, receive_count: int) -> int:
     return max(receive_count - unseen, 1)
 
 
+def note_nacked(queue_url: str, message_id: str) -> None:
+    """This process nacked the message: its next delivery is explained (no crash)."""
+    with _lock:
+        _nacked[(queue_url, message_id)] = None
+        while len(_nacked) > _MAX_ENTRIES:
+            _nacked.popitem(last=False)
+
+
+def nacked_here(queue_url: str, message_id: str) -> bool:
+    """True if this process nacked the message since it was last settled."""
+    return bool(_nacked) and (queue_url, message_id) in _nacked
+
+
 def forget(queue_url: str, message_id: str) -> None:
     """The message was settled: nothing to correct any more."""
-    if _unseen:
+    if _unseen or _nacked:
         with _lock:
             _unseen.pop((queue_url, message_id), None)
+            _nacked.pop((queue_url, message_id), None)

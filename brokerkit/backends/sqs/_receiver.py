@@ -37,7 +37,7 @@ from brokerkit.backends import (
 from brokerkit.backends.sqs import _attempts
 from brokerkit.backends.sqs._acks import AckBatcher
 from brokerkit.backends.sqs._codec import BODY, COPY, META, decode
-from brokerkit.backends.sqs._copies import copy_back, copyable
+from brokerkit.backends.sqs._copies import COPY_MARGIN, copy_back, copyable
 from brokerkit.backends.sqs._link import Link, batches
 
 __all__ = ["LEASE_MARGIN", "MAX_VISIBILITY", "Receipt", "SqsReceiver"]
@@ -52,6 +52,9 @@ _ACK_MARGIN = 0.5
 _SYSTEM = ["ApproximateReceiveCount", "MessageGroupId", "MessageDeduplicationId"]
 _ATTRS = [META, BODY, COPY]
 _IDLE_POLL = 0.25
+_APART = 2.0
+_PRUNE_PUSHED = 256
+"""Seconds after a handed-out suspect's lease that what this receiver holds comes back."""
 
 
 class Receipt:
@@ -87,6 +90,7 @@ def _visibility(seconds: float) -> int:
 
 class SqsReceiver(Receiver[Receipt]):
     release_uncounted = True  # a copy (no fifo_group) or this process's _attempts record
+    wants_handing_out = True  # a suspect redelivery: what this receiver holds comes back later
 
     def __init__(
         self,
@@ -107,6 +111,8 @@ class SqsReceiver(Receiver[Receipt]):
         self._acks = AckBatcher(link, queue_url, ack_flush_interval)
         self._groups: dict[str, _Group] = {}
         self._ready: deque[Delivery[Receipt]] = deque()
+        self._pushed: dict[str, float] = {}  # receipt handle -> held back until (handing_out)
+        self._suspects: dict[str, float] = {}  # handed-out suspects -> what is held back until
         self._wake = asyncio.Event()
         self._closed = False
         self._orphans: set[asyncio.Task[None]] = set()
@@ -167,7 +173,20 @@ class SqsReceiver(Receiver[Receipt]):
         messages = reply.get("Messages")
         if not messages:
             return []
-        return self._accept(messages, started, started + visibility)
+        out = self._accept(messages, started, started + visibility)
+        until = max(self._suspects.values(), default=0.0)
+        if until > started + visibility:  # received while a suspect is out: held back too
+            now = time.monotonic()
+            hold = {m["ReceiptHandle"]: _visibility(until - now) for m in messages}
+            self._pushed.update(dict.fromkeys(hold, until))
+            try:
+                await self._set_visibility(hold)
+            except asyncio.CancelledError:  # not handed out: given back (and their groups)
+                for key in {d.receipt.group for d in out if d.receipt.group is not None}:
+                    self._groups.pop(key, None)
+                self._orphaned(future)
+                raise
+        return out
 
     def _accept(
         self, messages: list[dict[str, Any]], received: float, deadline: float
@@ -269,6 +288,7 @@ class SqsReceiver(Receiver[Receipt]):
         return receipt
 
     def _lost(self, delivery: Delivery[Receipt]) -> None:
+        self._suspects.pop(delivery.receipt.handle, None)
         key = delivery.receipt.group
         if key is not None:
             group = self._groups.get(key)
@@ -305,6 +325,7 @@ class SqsReceiver(Receiver[Receipt]):
                 )
         else:
             self._acks.add(receipt.handle, urgent=receipt.group is not None)
+        self._suspects.pop(receipt.handle, None)
         _attempts.forget(self._url, delivery.receipt.message_id)
         self._advance(delivery)
 
@@ -318,6 +339,8 @@ class SqsReceiver(Receiver[Receipt]):
                 f"it; message {delivery.id!r} was received {held:.0f}s ago, so a nack may "
                 f"delay it at most {max(MAX_VISIBILITY - held, 0):.0f}s"
             )
+        _attempts.note_nacked(self._url, receipt.message_id)
+        self._suspects.pop(receipt.handle, None)
         key = receipt.group
         if key is not None:
             group = self._groups.get(key)
@@ -349,7 +372,11 @@ class SqsReceiver(Receiver[Receipt]):
         """Give back deliveries the caller never saw (and whatever waits behind them).
 
         One without a fifo_group is copied back (``_copies``: the correction of its
-        count survives this process); the others get visibility 0 (corrected here)."""
+        count survives this process). One of a fifo group with time left on its lease
+        is kept and handed out again by the next ``receive`` (lease renewed): given back,
+        another process would receive it and SQS would count that receive (two last
+        attempts fetched together: the one not handed out alone went to the DLQ). The
+        rest get visibility 0 (corrected in this process only)."""
         now = time.monotonic()
         back: list[Delivery[Receipt]] = []
         copies: list[Delivery[Receipt]] = []
@@ -362,12 +389,62 @@ class SqsReceiver(Receiver[Receipt]):
             key = delivery.receipt.group
             group = self._groups.get(key) if key is not None else None
             if group is not None and group.head is delivery and key is not None:
+                if delivery.receipt.deadline - now > COPY_MARGIN and not self._closed:
+                    self._ready.append(delivery)  # counted no more; aclose gives it back
+                    continue
                 del self._groups[key]
                 back += group.waiting
             back.append(delivery)
         if copies:
             back += await copy_back(self._link, self._url, copies)
         await self._give_back((d.receipt.message_id, d.receipt.handle) for d in back)
+
+    async def handing_out(
+        self, delivery: Delivery[Receipt], unseen: Sequence[Delivery[Receipt]]
+    ) -> None:
+        """A redelivery goes to the caller. Unless this process nacked it, it may be the
+        message that killed its last consumer: SQS counted every message that consumer
+        held unseen, and they came back at the same moment, in the same batches, to be
+        counted again by the next crash (a copy-back corrects only a message without a
+        fifo_group). So what is held unseen (fetched ahead, followers held here) is made
+        to come back ``_APART`` s after its lease: SQS visibility only (their leases stay
+        as they were). A crash now counts them once. One held back so, when its own turn
+        comes as a redelivery, gets its own lease's visibility again (its redelivery
+        after a crash must not come later than declared)."""
+        receipt = delivery.receipt
+        now = time.monotonic()
+        pushed = self._pushed
+        visibility: dict[str, int] = {}
+        if pushed.pop(receipt.handle, 0.0) > now:  # held back for another: its own lease again
+            visibility[receipt.handle] = _visibility(receipt.deadline - now)
+        if not _attempts.nacked_here(self._url, receipt.message_id):
+            until = receipt.deadline + _APART
+            self._suspects[receipt.handle] = until
+            held = [*unseen, *self._ready]
+            held += [d for group in self._groups.values() for d in group.waiting]
+            for d in held:
+                handle = d.receipt.handle
+                if now < d.receipt.deadline < until and handle != receipt.handle:
+                    visibility[handle] = _visibility(until - now)
+                    pushed[handle] = until
+        if len(pushed) > _PRUNE_PUSHED:
+            self._pushed = {h: t for h, t in pushed.items() if t > now}
+        self._suspects = {h: t for h, t in self._suspects.items() if t > now}
+        await self._set_visibility(visibility)
+
+    async def _set_visibility(self, visibility: dict[str, int]) -> None:
+        """``ChangeMessageVisibilityBatch``: receipt handle -> seconds; failures logged."""
+        for chunk in batches(list(visibility.items())):
+            entries = [
+                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
+                for i, (handle, seconds) in enumerate(chunk)
+            ]
+            try:
+                await self._link.call(
+                    "change_message_visibility_batch", QueueUrl=self._url, Entries=entries
+                )
+            except Exception as exc:  # they come back with it, as before
+                _log.warning("SQS could not hold back %d messages: %s", len(chunk), exc)
 
     async def _give_back(self, messages: Iterable[tuple[str, str]]) -> None:
         """Visibility 0 for messages the caller never saw; their receive is not counted."""
@@ -397,4 +474,7 @@ class SqsReceiver(Receiver[Receipt]):
             held += [d for d in self._ready if d not in held]
             self._groups.clear()
             self._ready.clear()
+            self._pushed.clear()
+            self._suspects.clear()
+
             await self._give_back((d.receipt.message_id, d.receipt.handle) for d in held)

@@ -53,8 +53,8 @@ _SYSTEM = ["ApproximateReceiveCount", "MessageGroupId", "MessageDeduplicationId"
 _ATTRS = [META, BODY, COPY]
 _IDLE_POLL = 0.25
 _APART = 2.0
-_PRUNE_PUSHED = 256
 """Seconds after a handed-out suspect's lease that what this receiver holds comes back."""
+_PRUNE_PUSHED = 256
 
 
 class Receipt:
@@ -180,7 +180,7 @@ class SqsReceiver(Receiver[Receipt]):
             hold = {m["ReceiptHandle"]: _visibility(until - now) for m in messages}
             self._pushed.update(dict.fromkeys(hold, until))
             try:
-                await self._set_visibility(hold)
+                await self._set_visibility(hold, "hold back")
             except asyncio.CancelledError:  # not handed out: given back (and their groups)
                 for key in {d.receipt.group for d in out if d.receipt.group is not None}:
                     self._groups.pop(key, None)
@@ -430,10 +430,11 @@ class SqsReceiver(Receiver[Receipt]):
         if len(pushed) > _PRUNE_PUSHED:
             self._pushed = {h: t for h, t in pushed.items() if t > now}
         self._suspects = {h: t for h, t in self._suspects.items() if t > now}
-        await self._set_visibility(visibility)
+        await self._set_visibility(visibility, "hold back")
 
-    async def _set_visibility(self, visibility: dict[str, int]) -> None:
-        """``ChangeMessageVisibilityBatch``: receipt handle -> seconds; failures logged."""
+    async def _set_visibility(self, visibility: dict[str, int], what: str) -> None:
+        """``ChangeMessageVisibilityBatch``: receipt handle -> seconds; failures logged
+        (the messages then come back when their leases end)."""
         for chunk in batches(list(visibility.items())):
             entries = [
                 {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": seconds}
@@ -443,22 +444,13 @@ class SqsReceiver(Receiver[Receipt]):
                 await self._link.call(
                     "change_message_visibility_batch", QueueUrl=self._url, Entries=entries
                 )
-            except Exception as exc:  # they come back with it, as before
-                _log.warning("SQS could not hold back %d messages: %s", len(chunk), exc)
+            except Exception as exc:
+                _log.warning("SQS could not %s %d messages: %s", what, len(chunk), exc)
 
     async def _give_back(self, messages: Iterable[tuple[str, str]]) -> None:
         """Visibility 0 for messages the caller never saw; their receive is not counted."""
         for chunk in batches(list(messages)):
-            entries = [
-                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
-                for i, (_, handle) in enumerate(chunk)
-            ]
-            try:
-                await self._link.call(
-                    "change_message_visibility_batch", QueueUrl=self._url, Entries=entries
-                )
-            except Exception as exc:  # they come back when their leases end
-                _log.warning("SQS could not give back %d messages: %s", len(chunk), exc)
+            await self._set_visibility({handle: 0 for _, handle in chunk}, "give back")
             for message_id, _ in chunk:
                 _attempts.count_unseen(self._url, message_id)
 
@@ -476,5 +468,4 @@ class SqsReceiver(Receiver[Receipt]):
             self._ready.clear()
             self._pushed.clear()
             self._suspects.clear()
-
             await self._give_back((d.receipt.message_id, d.receipt.handle) for d in held)

@@ -1,6 +1,8 @@
 """One owned partition's state (``Partition``), as pure logic: no broker, no thread.
 
-Records are fed to ``read`` as stand-ins of consumed confluent-kafka messages.
+Records are fed to ``read`` as stand-ins of consumed confluent-kafka messages. Plain
+records (no fifo_group, dedup id or restored state) go into segments; the others are
+``Record``s (``_ids`` gives each record a dedup id of its own to get those).
 """
 
 from __future__ import annotations
@@ -22,23 +24,43 @@ from brokerkit.backends.kafka._offsets import (
 from brokerkit.backends.kafka._partition import RESUME_SPAN, WINDOW, Partition
 
 
+def _ids(start: int, stop: int, **kw: object) -> list[StubMessage]:
+    return [StubMessage(o, dedup_id=str(o), **kw) for o in range(start, stop)]  # type: ignore[arg-type]
+
+
 def _part(commit: int = 0, metadata: str | None = None, start: int | None = None) -> Partition:
     return Partition("t", 0, commit, commit if start is None else start, metadata, 2.0)
 
 
 def test_read_hands_out_the_window_and_keeps_the_rest_beyond_in_offset_order() -> None:
     part = _part()
-    first = part.read(run(0, 150))
-    second = part.read(run(150, 600))
+    first = part.read(_ids(0, 150))
+    second = part.read(_ids(150, 600))
     assert [r.offset for r in first + second] == list(range(WINDOW))
     assert [r.offset for r in part.beyond] == list(range(WINDOW, 600))
-    assert part.read(run(0, 600)) == []  # read again (a seek back): nothing new
+    assert part.read(_ids(0, 600)) == []  # read again (a seek back): nothing new
     assert part.next_offset == 600 and len(part.records) == 600
+
+
+def test_plain_records_go_into_segments_of_consecutive_offsets() -> None:
+    part = _part()
+    assert part.read(run(0, 150)) == [] and part.read(run(150, 600)) == []
+    assert [(seg.first, seg.end) for seg in part.segs] == [(0, 600)]
+    assert part.read(run(0, 600)) == []  # read again: nothing new
+    part.read([*run(600, 602), StubMessage(602, fifo_group="g"), *run(603, 605)])
+    part.read(run(607, 609))  # a gap (e.g. compacted or transaction markers)
+    assert [(seg.first, seg.end) for seg in part.segs] == [
+        (0, 602),
+        (603, 605),
+        (607, 609),
+    ]
+    assert list(part.records) == [602] and part.fresh == part.segs
+    assert part.backlog()[0] == 609 and part.commit_point() == 0
 
 
 def test_settling_moves_the_commit_point_and_admits_the_next_records_in_order() -> None:
     part = _part(commit=10, start=10)
-    out = part.read(run(10, 10 + WINDOW + 50))
+    out = part.read(_ids(10, 10 + WINDOW + 50))
     assert part.commit_point() == 10
     assert part.settle(out[1]) is False  # not the lowest: the commit point stays
     assert part.commit_point() == 10
@@ -84,7 +106,8 @@ def test_a_new_owner_honours_the_committed_states_above_the_commit_point() -> No
     )
     part = _part(metadata=meta)
     out = part.read(run(0, 4))
-    assert [(r.offset, r.count) for r in out] == [(0, 2), (2, 1), (3, 0)]
+    assert [(r.offset, r.count) for r in out] == [(0, 2), (2, 1)]  # 3: plain (never out)
+    assert [(seg.first, seg.end) for seg in part.segs] == [(3, 4)]
     assert out[1].due == due_ms / 1000.0
     # the state is carried on until settled: a crash now loses none of it
     _, _, commit, text = part.snapshot()
@@ -105,7 +128,7 @@ def test_restored_states_not_read_back_yet_stay_in_the_snapshot() -> None:
 
 def test_snapshot_carries_settled_runs_and_counts_and_omits_never_delivered() -> None:
     part = _part(commit=10)
-    out = part.read(run(10, 20))
+    out = part.read(_ids(10, 20))
     for rec in out[:6]:
         rec.count = 1
     out[0].count = 2
@@ -124,7 +147,7 @@ def test_snapshot_carries_settled_runs_and_counts_and_omits_never_delivered() ->
 
 def test_backlog_and_resume_follow_the_commit_point() -> None:
     part = _part()
-    out = part.read(run(0, RESUME_SPAN + 100, body=b"x" * 10))
+    out = part.read(_ids(0, RESUME_SPAN + 100, body=b"x" * 10))
     assert part.backlog() == (RESUME_SPAN + 100, 10 * (RESUME_SPAN + 100))
     assert not part.may_resume()
     for rec in out[:99]:
@@ -133,3 +156,25 @@ def test_backlog_and_resume_follow_the_commit_point() -> None:
     part.settle(out[99])
     part.settle(out[100])
     assert part.may_resume()
+
+
+def test_a_plain_record_turned_into_a_record_is_not_settled_by_a_stale_synchronous_ack() -> None:
+    """A synchronous ack names a plain record by (segment, index); if its lease ran out
+    and it left the range (``convert``) while the ack's commit was on its way, the ack's
+    snapshot must leave it as it is now: held, counted, and delivered again."""
+    part = _part(commit=10)
+    part.read(run(10, 14))
+    seg = part.segs[0]
+    held = (seg, 1)  # offset 11, as the ack named it
+    assert part.unsettled(held)
+    part.top = 13
+    rec = part.convert(seg, 1, 1, 0.0)  # its lease ran out: a Record from now on
+    assert not part.unsettled(held) and part.unsettled(rec)
+    part.snapshot_settling(held)  # the stale ack's commit, built before it noticed
+    _, _, commit, text = part.snapshot()
+    assert commit == 10 and decode_metadata(commit, text)[11] == OffsetState(1)
+    for index in (0, 2, 3):
+        part.settle_plain(seg, index)
+    assert part.commit_point() == 11  # offset 11 is still held, by its Record
+    part.settle(rec)
+    assert part.commit_point() == 14

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 from brokerkit.backends import LeaseExpired
-from brokerkit.backends.kafka._partition import Key, Partition, Record
+from brokerkit.backends.kafka._partition import Key, Partition
 from brokerkit.backends.kafka._schedule import Receipt
 
 __all__ = ["Handover", "Taken"]
@@ -34,17 +34,17 @@ class Handover:
         self._settle = settle
         self._finals: dict[Key, asyncio.Future[bool]] = {}
         """Per partition being revoked: whether its final commit recorded its state."""
-        self._acking: dict[Record, tuple[Receipt, float, Taken]] = {}
+        self._acking: dict[Receipt, tuple[Partition, float, Taken]] = {}
 
     def begin(self, parts: Sequence[Partition]) -> None:
         """A revoke of ``parts`` begins: settle the records whose acks wait for a commit."""
         for part in parts:
             self._finals[part.key] = self._loop.create_future()
-        for rec, (receipt, at, taken) in list(self._acking.items()):
-            if rec.part in parts and not taken.done():
+        for receipt, (part, at, taken) in list(self._acking.items()):
+            if part in parts and not taken.done():
                 with contextlib.suppress(LeaseExpired):  # lost: its own commit path says so
                     self._settle(receipt, at)  # ``at``: when the ack was called
-                    taken.set_result(self._finals[rec.part.key])
+                    taken.set_result(self._finals[part.key])
 
     def final(self, key: Key) -> asyncio.Future[bool] | None:
         """The final commit of ``key`` while it is being revoked, else None."""
@@ -61,14 +61,14 @@ class Handover:
         self.ended(list(self._finals), set())
 
     @contextlib.contextmanager
-    def acking(self, rec: Record, receipt: Receipt, at: float) -> Iterator[Taken]:
+    def acking(self, part: Partition, receipt: Receipt, at: float) -> Iterator[Taken]:
         """While a synchronous ack waits for its commit: a revoke may take it over."""
         taken: Taken = self._loop.create_future()
-        self._acking[rec] = (receipt, at, taken)
+        self._acking[receipt] = (part, at, taken)
         try:
             yield taken
         finally:
-            del self._acking[rec]
+            del self._acking[receipt]
 
     @staticmethod
     async def recorded(message_id: str, final: asyncio.Future[bool], wait: float) -> None:

@@ -5,12 +5,16 @@ wall clock for nack due times), so it is tested without a broker.
 
 * ``read`` takes a run of consumed records of this partition: it skips what is settled
   already (below the commit point; a duplicate dedup id; ``s`` in the restored
-  metadata), restores the delivery count and due time of the rest, and returns the new
-  records that may go out now;
+  metadata). Plain records (no fifo_group, no dedup id, no restored state) go into
+  ``Segment``s of consecutive offsets (``_segments.py``: no object per record); the
+  others become ``Record``s with their restored delivery count and due time, and
+  ``read`` returns those that may go out now;
 * records are handed out only below commit point + ``WINDOW`` (this bounds the commit
-  metadata); those read beyond it wait in ``beyond`` in offset order, and ``admit``
-  lets them in as the commit point moves;
-* ``settle`` forgets a record; ``commit_point`` is the lowest unsettled offset;
+  metadata); ``Record``s read beyond it wait in ``beyond`` in offset order, and ``admit``
+  lets them in as the commit point moves (plain ones are taken from ``fresh``, each
+  take checking the window);
+* ``settle`` forgets a record, ``settle_plain`` marks a plain one settled, ``convert``
+  turns a plain one into a ``Record``; ``commit_point`` is the lowest unsettled offset;
   ``snapshot`` is the commit (offset + metadata) describing everything above it;
 * ``backlog`` is what flow control reads: offsets and bytes held above the commit point.
 """
@@ -25,6 +29,7 @@ from typing import Any
 
 from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER, NO_HEADERS, DedupWindow
 from brokerkit.backends.kafka._offsets import SETTLED, decode_metadata, encode_runs, state_text
+from brokerkit.backends.kafka._segments import CONVERTED, OPEN, SETTLED_PLAIN, Segment, spans
 
 __all__ = [
     "PAUSE_BYTES",
@@ -43,6 +48,8 @@ WINDOW = 200
 PAUSE_SPAN, RESUME_SPAN = 4000, 2000
 """Fetching of a partition pauses when this many offsets are held above its commit point."""
 PAUSE_BYTES, RESUME_BYTES = 16 << 20, 8 << 20
+SEGMENT_MAX = 1000
+"""Most records of one segment (a consume batch is at most 500)."""
 
 Key = tuple[str, int]
 """(topic, partition)"""
@@ -80,6 +87,7 @@ class Partition:
         "dedup",
         "dirty",
         "extras",
+        "fresh",
         "gone",
         "held_bytes",
         "key",
@@ -90,6 +98,7 @@ class Partition:
         "records",
         "restored",
         "revoking",
+        "segs",
         "span",
         "top",
         "topic",
@@ -118,7 +127,12 @@ class Partition:
         """Dedup ids judged by record timestamps: every owner of the partition reads the
         same log in the same order, so every owner reaches the same verdicts."""
         self.records: dict[int, Record] = {}
-        """Unsettled records read, in offset order."""
+        """Unsettled records read that are not plain (or no longer: converted), in offset
+        order of reading."""
+        self.segs: deque[Segment] = deque()
+        """Plain records read, in offset order (dropped once the commit point passed)."""
+        self.fresh: deque[Segment] = deque()
+        """The segments with records not handed out yet, in offset order."""
         self.beyond: deque[Record] = deque()
         """Records read beyond the hand-out window, in offset order."""
         self.held_bytes = 0
@@ -145,11 +159,19 @@ class Partition:
 
     def read(self, msgs: Iterable[Any]) -> list[Record]:
         """Take consumed records of this partition (confluent-kafka ``Message``s, offset
-        order); return the new ones that may be handed out now, in offset order."""
+        order); return the new non-plain ones that may be handed out now, in offset order
+        (plain ones join a segment: ``fresh``)."""
         out: list[Record] = []
         records, restored, beyond = self.records, self.restored, self.beyond
         limit = -1 if beyond else self.commit_point() + WINDOW  # keep offset order
         next_offset, commit_from = self.next_offset, self.commit_from
+        segs = self.segs
+        seg = segs[-1] if segs else None
+        if seg is not None and (
+            seg.end != next_offset or not self.fresh or self.fresh[-1] is not seg
+        ):
+            seg = None  # a gap, or all handed out: the next plain record starts a new one
+        seg_end = -1 if seg is None else next_offset
         held = 0
         for msg in msgs:
             offset = msg.offset()
@@ -164,26 +186,49 @@ class Partition:
                 group = decoded.pop(FIFO_GROUP_HEADER, None)
                 dedup = decoded.pop(DEDUP_ID_HEADER, None)
                 headers = decoded
-            timestamp = msg.timestamp()[1]
+            state = None
             if dedup is not None:
-                self._now_ms = timestamp
+                self._now_ms = msg.timestamp()[1]
                 duplicate = self.dedup.claim(dedup, "") is not None
                 if offset < commit_from:
                     continue  # read only to rebuild the dedup memory
                 if duplicate:
                     if offset > self.top:
                         self.top = offset
+                    seg = None
                     continue  # settled without delivery
             elif offset < commit_from:
                 continue
-            state = restored.pop(offset, None) if restored else None
-            if state is not None:
-                if offset > self.top:
-                    self.top = offset
-                if state.count == SETTLED:
-                    continue
+            if restored:
+                state = restored.pop(offset, None)
+                if state is not None:
+                    if offset > self.top:
+                        self.top = offset
+                    if state.count == SETTLED:
+                        seg = None
+                        continue
+            if group is None and dedup is None and state is None:
+                body = msg.value()
+                size = len(body) if body else 0
+                if offset != seg_end or seg is None or len(seg.msgs) >= SEGMENT_MAX:
+                    seg = Segment(self, offset)
+                    segs.append(seg)
+                    self.fresh.append(seg)
+                seg.msgs.append(msg)
+                seg.state.append(OPEN)
+                seg.size += size
+                seg_end = offset + 1
+                if headers:
+                    if seg.heads is None:
+                        seg.heads = [NO_HEADERS] * (len(seg.msgs) - 1)
+                    seg.heads.append(headers)
+                elif seg.heads is not None:
+                    seg.heads.append(NO_HEADERS)
+                held += size
+                continue
+            seg = None
             body = msg.value() or b""
-            rec = Record(self, offset, body, headers, group, dedup, timestamp)
+            rec = Record(self, offset, body, headers, group, dedup, msg.timestamp()[1])
             records[offset] = rec
             held += len(body)
             if state is not None:
@@ -218,26 +263,94 @@ class Partition:
         del self.records[rec.offset]
         self.held_bytes -= len(rec.body)
         self.dirty = True
-        if self.low not in self.records and not self.moved:
+        if rec.offset <= self.low and not self.moved:
             self.moved = True
             return True
         return False
 
-    def snapshot_settling(self, rec: Record) -> Snapshot:
-        """The snapshot as it will be once ``rec`` is settled; nothing changes here."""
+    def settle_plain(self, seg: Segment, index: int) -> bool:
+        """``settle`` for record ``index`` of ``seg`` (leased: its state byte is OPEN)."""
+        seg.state[index] = SETTLED_PLAIN
+        self.dirty = True
+        if seg.first + index <= self.low and not self.moved:
+            self.moved = True
+            return True
+        return False
+
+    def convert(self, seg: Segment, index: int, count: int, due: float) -> Record:
+        """Record ``index`` of ``seg`` leaves the range: a ``Record`` from now on."""
+        msg = seg.msgs[index]
+        body = msg.value() or b""
+        seg.size -= len(body)
+        heads = seg.heads
+        headers = heads[index] if heads is not None else NO_HEADERS
+        rec = Record(self, seg.first + index, body, headers, None, None, msg.timestamp()[1])
+        rec.count, rec.due = count, due
+        seg.state[index] = CONVERTED
+        self.records[rec.offset] = rec
+        return rec
+
+    def unsettled(self, rec: Record | tuple[Segment, int]) -> bool:
+        """True while ``rec`` (a record, or a segment's index) is held as it was handed
+        out: not settled, and a plain one not turned into a ``Record`` since."""
+        if isinstance(rec, Record):
+            return self.records.get(rec.offset) is rec
+        seg, index = rec
+        return seg.state[index] == OPEN
+
+    def snapshot_settling(self, rec: Record | tuple[Segment, int]) -> Snapshot:
+        """The snapshot as it will be once ``rec`` (``unsettled``: a record, or a
+        segment's index) is settled; nothing changes here."""
         low = self.low
-        del self.records[rec.offset]
+        if isinstance(rec, Record):
+            del self.records[rec.offset]
+            try:
+                return self.snapshot()
+            finally:
+                self.records[rec.offset] = rec
+                self.low = low
+        seg, index = rec
+        was = seg.state[index]
+        seg.state[index] = SETTLED_PLAIN
+        segs, held = list(self.segs), self.held_bytes
         try:
             return self.snapshot()
         finally:
-            self.records[rec.offset] = rec
-            self.low = low
+            seg.state[index] = was
+            self.low, self.held_bytes = low, held
+            if len(segs) != len(self.segs):
+                self.segs.clear()
+                self.segs.extend(segs)
 
     def commit_point(self) -> int:
         """The lowest unsettled offset (amortised O(1): ``low`` only moves up)."""
-        low, end, records = self.low, self.next_offset, self.records
-        while low < end and low not in records:
-            low += 1
+        low, end, records, segs = self.low, self.next_offset, self.records, self.segs
+        while low < end:
+            while segs and segs[0].end <= low:  # passed: all of it settled
+                self.held_bytes -= segs.popleft().size
+            seg = segs[0] if segs else None
+            if seg is None or low < seg.first:
+                if low in records:
+                    break
+                low += 1
+                continue
+            state, first = seg.state, seg.first
+            i = low - first
+            j = state.find(OPEN, i)
+            k = state.find(CONVERTED, i, j if j >= 0 else len(state))
+            if k >= 0:
+                if first + k in records:
+                    low = first + k
+                    break
+                state[k] = SETTLED_PLAIN  # the converted record was settled since
+                low = first + k + 1
+                continue
+            if j >= 0:
+                low = first + j
+                break
+            low = seg.end
+        while segs and segs[0].end <= low:
+            self.held_bytes -= segs.popleft().size
         self.low = low
         return low if low < end else max(end, self.commit_from)
 
@@ -254,39 +367,61 @@ class Partition:
         """The metadata runs above ``commit``: settled offsets and delivery counts."""
         run_start = run_len = 0
         run_text = ""  # "" = never delivered (omitted)
-        for offset, text in self._states(commit):
+        for offset, length, text in self._spans(commit):
             if text == run_text and offset == run_start + run_len:
-                run_len += 1
+                run_len += length
                 continue
             if run_text:
                 yield run_start, run_len, run_text
-            run_start, run_len, run_text = offset, 1, text
+            run_start, run_len, run_text = offset, length, text
         if run_text:
             yield run_start, run_len, run_text
 
-    def _states(self, commit: int) -> Iterator[tuple[int, str]]:
-        """(offset, state text) above ``commit`` in offset order: the records read so far,
-        then the restored states of offsets not read back yet."""
+    def _spans(self, commit: int) -> Iterator[tuple[int, int, str]]:
+        """(first offset, length, state text) above ``commit`` in offset order: the records
+        read so far (a segment's alike neighbours as one span), then the restored states
+        of offsets not read back yet."""
         now_ms = int(time.time() * 1000)
         records = self.records
-        for offset in range(commit, min(self.top + 1, self.next_offset)):
-            rec = records.get(offset)
-            if rec is None:
-                yield offset, "s"
-            elif rec.count == 0:
-                yield offset, ""
-            elif not rec.due:
-                yield offset, "1" if rec.count == 1 else state_text(rec.count)
-            else:
-                due = int(rec.due * 1000)
-                yield offset, state_text(rec.count, due if due > now_ms else 0)
+        segs = iter(self.segs)
+        seg = next(segs, None)
+        offset, stop = commit, min(self.top + 1, self.next_offset)
+        while offset < stop:
+            while seg is not None and seg.first + len(seg.msgs) <= offset:
+                seg = next(segs, None)
+            if seg is not None and offset >= seg.first:
+                first = seg.first
+                for lo, hi, text in spans(seg, offset - first, stop - first):
+                    if text is not None:
+                        yield first + lo, hi - lo, text
+                    else:  # converted: a Record now, or settled since
+                        for at in range(first + lo, first + hi):
+                            yield at, 1, _record_text(records.get(at), now_ms)
+                offset = min(stop, first + len(seg.msgs))
+                continue
+            end = stop if seg is None else min(stop, seg.first)
+            for at in range(offset, end):
+                yield at, 1, _record_text(records.get(at), now_ms)
+            offset = end
         for offset in sorted(self.restored):
             if offset >= self.next_offset:
                 state = self.restored[offset]
-                yield offset, state_text(state.count, state.due_ms)
+                yield offset, 1, state_text(state.count, state.due_ms)
 
     def snapshot(self) -> Snapshot:
         """The commit offset and the metadata describing the offsets above it."""
         commit = self.commit_point()
         text, _ = encode_runs(commit, self.runs(commit))
         return (self.topic, self.partition, commit, text)
+
+
+def _record_text(rec: Record | None, now_ms: int) -> str:
+    """The state text of an offset outside the segments (None: settled or skipped)."""
+    if rec is None:
+        return "s"
+    if rec.count == 0:
+        return ""
+    if not rec.due:
+        return "1" if rec.count == 1 else state_text(rec.count)
+    due = int(rec.due * 1000)
+    return state_text(rec.count, due if due > now_ms else 0)

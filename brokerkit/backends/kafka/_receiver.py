@@ -48,7 +48,6 @@ from operator import methodcaller
 from typing import Any
 
 from brokerkit.backends import (
-    NO_HEADERS,
     BrokerUnavailable,
     Delivery,
     HostPort,
@@ -57,9 +56,10 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
 )
+from brokerkit.backends.kafka._deliveries import deliveries
 from brokerkit.backends.kafka._handover import Handover
 from brokerkit.backends.kafka._link import KafkaLink
-from brokerkit.backends.kafka._partition import Key, Partition, Record, Snapshot
+from brokerkit.backends.kafka._partition import Key, Partition, Snapshot
 from brokerkit.backends.kafka._schedule import Batch, HandOut, Receipt
 from brokerkit.backends.kafka._thread import REVOKE_WAIT, Assigned, ConsumerThread
 
@@ -197,18 +197,19 @@ class KafkaReceiver(Receiver[Receipt]):
         while True:
             now = time.monotonic()
             delivered = schedule.hand_over(max_messages, now)
-            if not delivered[0]:
+            if not delivered:
                 self._apply_moved()
                 taken = schedule.take(max_messages, now)
-                if taken[0]:
+                if taken:
                     delivered = await self._persist(taken)
-            if delivered[0]:
+            if delivered:
                 # never behind a redelivery: it may be a poison that kills this process,
                 # and the staged records' counts are committed already (a crash would
-                # count an attempt for each of them that no handler ever saw)
-                if len(delivered[0]) == max_messages and all(r.count == 1 for r in delivered[0]):
+                # count an attempt for each of them that no handler ever saw); a plain
+                # record handed out is always a first delivery
+                if len(delivered) == max_messages and all(r.count == 1 for r in delivered.records):
                     self._stage_next(max_messages)
-                return self._deliveries(*delivered)
+                return deliveries(delivered)
             now = time.monotonic()
             if now >= end:
                 return []
@@ -242,8 +243,7 @@ class KafkaReceiver(Receiver[Receipt]):
 
     async def _persist(self, taken: Batch) -> Batch:
         """Commit the counts of ``taken``; returns those recorded (the rest go back)."""
-        records, tokens = taken
-        parts = {rec.part for rec in records}
+        parts = taken.parts()
         started = time.monotonic()
         ok = await self._thread.commit([part.snapshot() for part in parts])
         now = time.monotonic()
@@ -255,48 +255,34 @@ class KafkaReceiver(Receiver[Receipt]):
         # (a part stays dirty: acks made while this commit was in flight are not in it)
         if not check and len(ok) == len(parts) and not any(p.gone for p in parts):
             return taken  # the common case: every count recorded, every lease live
-        delivered: tuple[list[Record], list[Receipt]] = ([], [])
+        if check:
+            schedule.expire(now)  # a run's records whose lease ran out leave it (skipped)
+        delivered = Batch([], [])
+        tokens: list[Receipt] = []
         failed: list[Receipt] = []
-        for rec, token in zip(records, tokens, strict=True):
+        for rec, token in zip(taken.records, taken.tokens, strict=True):
             part = rec.part
             if part.gone or (check and not schedule.holds(token, now)):
                 continue
             if part.key in ok:
-                delivered[0].append(rec)
-                delivered[1].append(token)
+                delivered.records.append(rec)
+                tokens.append(token)
             else:
                 failed.append(token)
+        delivered.tokens = tokens
+        for run in taken.runs:  # a record of a run that is no longer held is skipped later
+            part = run.seg.part
+            if part.gone:
+                continue
+            if part.key in ok:
+                delivered.runs.append(run)
+            else:
+                failed.extend(run.tokens())
         if failed:
             # not recorded: give them back uncounted and try again later
-            if schedule.give_back(failed, now) and not delivered[0]:
+            if schedule.give_back(failed, now) and not delivered:
                 await asyncio.sleep(0.1)
         return delivered
-
-    def _deliveries(
-        self, records: list[Record], receipts: Sequence[Receipt]
-    ) -> list[Delivery[Receipt]]:
-        """One ``Delivery`` per record (positional: this runs once per message)."""
-        out: list[Delivery[Receipt]] = []
-        append = out.append
-        for rec, receipt in zip(records, receipts, strict=True):
-            part = rec.part
-            offset = rec.offset
-            extras = part.extras.copy()
-            extras["offset"] = offset
-            extras["timestamp_ms"] = rec.timestamp
-            append(
-                Delivery(
-                    f"{part.partition}-{offset}",
-                    rec.body,
-                    dict(rec.headers) if rec.headers else NO_HEADERS,
-                    rec.fifo_group,
-                    rec.dedup_id,
-                    rec.count,
-                    receipt,
-                    extras,
-                )
-            )
-        return out
 
     # ================================================================ settling
 
@@ -308,19 +294,18 @@ class KafkaReceiver(Receiver[Receipt]):
             await self._ack_now(delivery, now)
             return
         try:
-            rec = self._schedule.settle(delivery.receipt, now)
+            part = self._schedule.settle(delivery.receipt, now)
         except LeaseExpired:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
-        self._mark_dirty(rec.part)
+        self._mark_dirty(part)
 
     async def _ack_now(self, delivery: Delivery[Receipt], now: float) -> None:
         """Commit the partition's state with the record settled; settle it in memory only
         once that is recorded, else raise (and it stays leased: it comes back)."""
         try:
-            rec = self._schedule.leased(delivery.receipt, now)
+            part, rec = self._schedule.leased(delivery.receipt, now)
         except LeaseExpired:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
-        part = rec.part
         final = self._handover.final(part.key)
         if part.revoking and final is not None:  # the thread waits in the revoke for this
             self._schedule.settle(delivery.receipt, now)  # leased: cannot raise
@@ -329,10 +314,10 @@ class KafkaReceiver(Receiver[Receipt]):
             return
         end = time.monotonic() + _ACK_WAIT
         ok: set[Key] | None = None
-        with self._handover.acking(rec, delivery.receipt, now) as taken:
+        with self._handover.acking(part, delivery.receipt, now) as taken:
             # a revoke may begin in any pause (it settles the record and takes this ack
             # over), and a record whose lease ran out may be settled by its next holder
-            while not taken.done() and part.records.get(rec.offset) is rec:
+            while not taken.done() and part.unsettled(rec):
                 commit = asyncio.ensure_future(self._thread.commit([part.snapshot_settling(rec)]))
                 left = end - time.monotonic()
                 await asyncio.wait((commit, taken), timeout=left, return_when=FIRST_COMPLETED)
@@ -365,7 +350,7 @@ class KafkaReceiver(Receiver[Receipt]):
             raise LeaseExpired(
                 f"message {delivery.id!r}: its partition moved before the ack was recorded"
             )
-        if part.records.get(rec.offset) is not rec:
+        if not part.unsettled(rec):
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost")
         first = self._link.hosts[0] if self._link.hosts else HostPort("localhost", 9092)
         reason = f"no answer within {_ACK_WAIT:g} s" if ok is None else "the commit failed"
@@ -399,10 +384,10 @@ class KafkaReceiver(Receiver[Receipt]):
     async def nack(self, delivery: Delivery[Receipt], delay: float) -> None:
         """nack -> held in memory until due; the group stays blocked; due time committed."""
         try:
-            rec = self._schedule.nack(delivery.receipt, delay, time.monotonic())
+            part = self._schedule.nack(delivery.receipt, delay, time.monotonic())
         except LeaseExpired:
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost") from None
-        self._mark_dirty(rec.part)
+        self._mark_dirty(part)
 
     async def release(self, deliveries: Sequence[Delivery[Receipt]]) -> None:
         """Give back unseen deliveries without counting the attempt."""
@@ -448,8 +433,8 @@ class KafkaReceiver(Receiver[Receipt]):
         snaps = []
         for part in self._parts.values():
             if part.dirty and not part.gone and not part.revoking:
+                part.dirty = False
                 snaps.append(part.snapshot())
-                part.dirty = False  # after: a snapshot that raised leaves it to the next flush
                 self._update_backlog(part)
         if snaps:
             self._thread.commit_soon(snaps)

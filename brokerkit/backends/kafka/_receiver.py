@@ -433,8 +433,8 @@ class KafkaReceiver(Receiver[Receipt]):
         snaps = []
         for part in self._parts.values():
             if part.dirty and not part.gone and not part.revoking:
-                part.dirty = False
                 snaps.append(part.snapshot())
+                part.dirty = False  # after: a snapshot that raised leaves it to the next flush
                 self._update_backlog(part)
         if snaps:
             self._thread.commit_soon(snaps)

@@ -86,6 +86,11 @@ class Link:
             scrub(exc, self._secrets)
             raise
 
+    def run(self, op: str, **kwargs: Any) -> Any:
+        """``client.<op>(**kwargs)`` on this thread (not the loop's): errors scrubbed,
+        not mapped."""
+        return self._run(getattr(self.client, op), kwargs)
+
     def start(self, op: str, **kwargs: Any) -> asyncio.Future[Any]:
         """Start ``client.<op>(**kwargs)`` in the pool; the raw (unmapped) future."""
         loop = asyncio.get_running_loop()

@@ -29,7 +29,13 @@ from brokerkit._message import Outgoing, PublishResult
 Send = Callable[[Sequence[Outgoing]], Awaitable[list[PublishResult]]]
 _Waiting = tuple[Outgoing, "asyncio.Future[PublishResult]"]
 
-MAX_BATCH = 500
+MAX_BATCH = 250
+"""At most this many messages per backend call. Half of ``publish_many(500)``'s batch on
+purpose: 500 callers then fill two batches, and while one is at the broker the callers
+of the other are woken and publish again (their Python work overlaps the broker's wait;
+with one batch of 500 the two took turns). Interleaved A/B against 500, 500 callers,
+2026-12-03: Kafka 0.55 -> 0.70 of ``publish_many(500)``, Redis 0.77 -> 0.83, NATS
+0.91 -> 1.02, RabbitMQ 0.77 -> 1.22, SQS 0.99 -> 1.01, memory:// 0.55 -> 0.59."""
 MAX_IN_FLIGHT = 4
 
 __all__ = ["MAX_BATCH", "MAX_IN_FLIGHT", "PublishCoalescer"]

@@ -81,7 +81,10 @@ class AckBatcher:
         for chunk in batches(handles):
             with self._lock:
                 done = self._started()
-            self._link.executor.submit(self._delete, list(chunk), done)
+            try:
+                self._link.executor.submit(self._delete, list(chunk), done)
+            except RuntimeError:  # the connection's executor is shut down: delete here
+                self._delete(list(chunk), done)
 
     def _delete(self, handles: list[str], done: concurrent.futures.Future[None]) -> None:
         """DeleteMessageBatch, in a thread; failures are logged (the messages come back

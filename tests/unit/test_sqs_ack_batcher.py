@@ -58,5 +58,5 @@ async def test_flush_after_the_executor_is_shut_down_deletes_and_does_not_hang()
     acks = AckBatcher(link, "url", 30.0)  # type: ignore[arg-type]
     acks.add("a", urgent=True)
     assert acks.urgent
-    await acks.flush()  # before: add() raised (submit after shutdown), the ack unsent
+    await acks.flush()  # before: flush() raised (submit after shutdown), the ack unsent
     assert link.calls == [("delete_message_batch", ["a"])] and not acks.urgent

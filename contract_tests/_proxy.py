@@ -17,7 +17,7 @@ import dataclasses
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import brokerkit
 
@@ -207,18 +207,40 @@ def through_proxy(url: str, listen_port: int = 0) -> Path:
             proxies.append(proxy)
             hosts.append(type(hp)(HOST, proxy.start()))
         return Path(dataclasses.replace(parsed, hosts=tuple(hosts)).render(), proxies)
-    endpoint = parsed.params.get("endpoint")
-    if not endpoint:
+    found = _endpoint(parsed)
+    if found is None:
         raise ValueError(f"{parsed.scheme}:// URL has no host (nor endpoint) to proxy")
-    split = urlsplit(endpoint)
-    if split.hostname is None:
-        raise ValueError("the endpoint parameter has no host to proxy")
-    default = 443 if split.scheme == "https" else 80
-    proxy = Proxy(split.hostname, split.port or default, listen_port)
+    split, host, port = found
+    proxy = Proxy(host, port, listen_port)
     proxies.append(proxy)
     new = urlunsplit(split._replace(netloc=f"{HOST}:{proxy.start()}"))
     query = tuple((k, new if k == "endpoint" else v) for k, v in parsed.query)
     return Path(dataclasses.replace(parsed, query=query).render(), proxies)
+
+
+def first_address(url: str) -> tuple[str, int] | None:
+    """The host and port ``url`` connects to first: its first host (the scheme's default
+    port if it names none) or its ``endpoint`` parameter (e.g. SQS); None without either."""
+    parsed = brokerkit.BrokerURL.parse(url)
+    try:
+        if parsed.hosts:
+            first = parsed.hosts[0]
+            return first.host, first.port or _default_port(parsed.scheme)
+        found = _endpoint(parsed)
+    except ValueError:
+        return None
+    return None if found is None else found[1:]
+
+
+def _endpoint(parsed: brokerkit.BrokerURL) -> tuple[SplitResult, str, int] | None:
+    """The ``endpoint`` parameter (split), its host and port; None if there is none."""
+    endpoint = parsed.params.get("endpoint")
+    if not endpoint:
+        return None
+    split = urlsplit(endpoint)
+    if split.hostname is None:
+        raise ValueError("the endpoint parameter has no host to proxy")
+    return split, split.hostname, split.port or (443 if split.scheme == "https" else 80)
 
 
 def _default_port(scheme: str) -> int:

@@ -21,15 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import urllib.parse
 from collections.abc import Callable
 
 import pytest
 
-import brokerkit
-
 from ._faults import NOT_RUN, in_process, record, run_hook, secrets_of
 from ._helpers import SCALE, WAIT, eventually, receive
+from ._proxy import first_address
 from ._stream import AFTER_RECOVERY, KILL_GRACE, Stream, violations
 from .conftest import Connect
 
@@ -170,27 +168,12 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
     assert not problems, f"{problems}; figures: {figures}"
 
 
-def _first_address(url: str) -> tuple[str, int] | None:
-    """The broker's first host and port: from the URL's hosts, or from its ``endpoint``
-    (``sqs://?endpoint=http://host:port``); None when neither names a port."""
-    parsed = brokerkit.BrokerURL.parse(url)
-    if parsed.hosts:
-        first = parsed.hosts[0]
-        return None if first.port is None else (first.host, first.port)
-    endpoint = dict(parsed.query).get("endpoint")
-    if not endpoint:
-        return None
-    split = urllib.parse.urlsplit(endpoint)
-    port = split.port or {"http": 80, "https": 443}.get(split.scheme)
-    return None if split.hostname is None or port is None else (split.hostname, port)
-
-
 async def _first_refusal(url: str, every: float = 0.02) -> tuple[float, float] | None:
     """When the broker's first host last accepted and then first refused a TCP connection
     (its process died in between), by polling while the restart hook runs; None for a URL
     without a host (cancelled: the result so far is lost, so the caller reads it only
     when it finished)."""
-    address = _first_address(url)
+    address = first_address(url)
     if address is None:
         return None
     host, port = address

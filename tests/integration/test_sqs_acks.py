@@ -25,6 +25,8 @@ from brokerkit.backends import QueueRef, ReceiverSettings
 
 pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
+from _sqs import raw_client
+
 from brokerkit.backends.sqs import SqsBackend
 
 URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
@@ -32,20 +34,6 @@ _selected = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")
 pytestmark = pytest.mark.skipif(
     not ({"sqs", "all"} & _selected), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
 )
-
-
-def _client() -> Any:
-    """A boto3 client of the test's own, called while the loop is held up."""
-    import boto3
-
-    query = dict(brokerkit.BrokerURL.parse(URL).query)
-    return boto3.client(
-        "sqs",
-        endpoint_url=query.get("endpoint"),
-        region_name=query.get("region", "us-east-1"),
-        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "x"),
-        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "x"),
-    )
 
 
 def _held(client: Any, name: str) -> int:
@@ -78,7 +66,7 @@ async def test_a_coalesced_ack_is_deleted_within_its_window_while_the_loop_is_he
     queue = QueueRef(f"t-sqs-acks-{uuid.uuid4().hex[:10]}")
     backend = SqsBackend.from_url(brokerkit.BrokerURL.parse(URL))
     await backend.open()
-    client = _client()
+    client = raw_client(URL)
     try:
         window = backend.capabilities.ack_flush_interval
         assert 0 < window <= 0.1

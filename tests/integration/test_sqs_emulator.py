@@ -21,6 +21,8 @@ import brokerkit
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
+from _sqs import raw_client  # noqa: E402
+
 from brokerkit.backends.sqs import SqsBackend  # noqa: E402
 
 URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
@@ -32,14 +34,7 @@ WAIT = 20.0
 
 
 def _raw() -> Any:
-    params = brokerkit.BrokerURL.parse(URL).params
-    return boto3.client(
-        "sqs",
-        region_name=params.get("region", "us-east-1"),
-        endpoint_url=params.get("endpoint"),
-        aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID", "brokerkit"),
-        aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY", "brokerkit"),
-    )
+    return raw_client(URL)
 
 
 def _not_visible(raw: Any, queue: str) -> int:

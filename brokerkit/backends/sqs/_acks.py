@@ -45,7 +45,9 @@ class AckBatcher:
             self.urgent = self.urgent or urgent
             if len(self._pending) < BATCH:
                 if self._timer is None:
-                    self._timer = threading.Timer(self._interval, self._on_timer)
+                    # half the window: the rest is for the delete's round trip, so the
+                    # ack is on SQS within the declared interval, not only sent by then
+                    self._timer = threading.Timer(self._interval / 2, self._on_timer)
                     self._timer.daemon = True
                     self._timer.start()
                 return

@@ -7,7 +7,8 @@ past ``max_attempts`` with it, into the DLQ. Before its hand-out:
 1. what the caller holds is settled (never waiting past those leases);
 2. what was fetched ahead is given back, where the receiver's ``release_uncounted``
    says that counts no attempt (elsewhere a release would count one: it stays);
-3. the acks made so far get ``capabilities.ack_flush_interval`` to reach the broker;
+3. the acks made so far are recorded by the broker (``Receiver.flush_acks``; a backend
+   without one gets ``capabilities.ack_flush_interval`` to flush them);
 
 and nothing more is fetched or handed out until it is settled or its lease ends
 (``blocks``). Earlier attempts need none of this: a neighbour that lost an attempt
@@ -16,7 +17,7 @@ attempts left, and the last one is where it stops losing them. The cost falls on
 attempts only. One past the last (``attempt > max_attempts``: delivered that often and
 never settled, by crashes or hangs) goes to the DLQ.
 
-Its own ack returns only once that interval has passed too (``FlushedAck``): the next
+Its own ack returns only once it is recorded too (``FlushedAck``): the next
 message handed out may be a poison, and a crash that lost a coalesced ack would bring an
 innocent last attempt back past ``max_attempts``, into the DLQ (Kafka and SQS coalesce).
 
@@ -40,17 +41,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from brokerkit._dlq import REASON_MAX_ATTEMPTS
-from brokerkit._errors import LeaseExpired
+from brokerkit._errors import BrokerkitError, LeaseExpired
 from brokerkit._fetchbuffer import FetchBuffer
 from brokerkit.backends.base import Delivery, Receiver
 
 _now = time.monotonic
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +128,25 @@ class LastAttempts:
                 if rest:
                     with contextlib.suppress(LeaseExpired):
                         await receiver.release(rest)
-        if flush > 0:
-            await asyncio.sleep(flush)  # acks already made reach the broker before it goes out
+        try:
+            await flush_acks(receiver, flush)  # the acks made so far are recorded first
+        except BrokerkitError as exc:  # it goes out anyway: its own ack says if the broker is gone
+            _log.debug("acks before a last attempt not confirmed: %s", exc)
+
+
+async def flush_acks(receiver: Receiver[Any], interval: float) -> None:
+    """``receiver.flush_acks()``; for a backend that coalesces acks (``interval`` > 0)
+    without overriding it, wait the coalescing window out instead."""
+    if type(receiver).flush_acks is not Receiver.flush_acks:
+        await receiver.flush_acks()
+    elif interval > 0:
+        await asyncio.sleep(interval)
 
 
 class FlushedAck(Receiver[Any]):
-    """The receiver, for the message handed out alone: its ``ack`` returns once the
-    backend's ack coalescing window (``ack_flush_interval``) has passed, so a crash in the
-    next hand-out cannot lose it. Everything else goes straight to the receiver."""
+    """The receiver, for the message handed out alone: its ``ack`` returns once the broker
+    recorded it (``flush_acks``), so a crash in the next hand-out cannot lose it.
+    Everything else goes straight to the receiver."""
 
     def __init__(self, receiver: Receiver[Any], flush: float) -> None:
         self._receiver = receiver
@@ -140,7 +154,7 @@ class FlushedAck(Receiver[Any]):
 
     async def ack(self, delivery: Delivery[Any]) -> None:
         await self._receiver.ack(delivery)
-        await asyncio.sleep(self._flush)
+        await flush_acks(self._receiver, self._flush)
 
     async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
         return await self._receiver.receive(max_messages, wait)
@@ -153,3 +167,6 @@ class FlushedAck(Receiver[Any]):
 
     async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
         await self._receiver.release(deliveries)
+
+    async def flush_acks(self) -> None:
+        await flush_acks(self._receiver, self._flush)

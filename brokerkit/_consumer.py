@@ -338,7 +338,7 @@ class Consumer:
                     if not await alone.hand_out(delivery, deadline, receiver, flush):
                         continue  # to the DLQ, put back, or its lease ran out meanwhile
                     if delivery.attempt >= self.max_attempts:  # handed out alone:
-                        receiver = FlushedAck(receiver, flush)  # its ack waits out the flush
+                        receiver = FlushedAck(receiver, flush)  # its ack returns recorded
                 message = self._message_class(self, receiver, delivery, deadline)
                 self._held.add(message)
                 return message

@@ -176,8 +176,8 @@ class Receiver(ABC, Generic[R]):
     async def ack(self, delivery: Delivery[R]) -> None:
         """Settle: the message is not delivered to this group again.
 
-        May coalesce for at most ``capabilities.ack_flush_interval``; ``aclose``
-        flushes. Raises LeaseExpired when the backend knows the lease was lost.
+        May coalesce for at most ``capabilities.ack_flush_interval``; ``flush_acks``
+        and ``aclose`` flush. Raises LeaseExpired when the backend knows the lease was lost.
         """
 
     @abstractmethod
@@ -215,6 +215,19 @@ class Receiver(ABC, Generic[R]):
         cannot always take one back (SQS: a fifo group's message), can make what is held
         unseen come back apart from it, so that repeated crashes do not count those
         neighbours again each time. Called only if ``wants_handing_out``.
+        """
+
+    async def flush_acks(self) -> None:
+        """Return once every ack that returned so far is recorded by the broker: coalesced
+        acks sent and confirmed (a barrier where the broker's ack has no reply). May raise
+        BrokerUnavailable when the broker does not confirm within the request timeout.
+
+        The facade calls it before it hands out a message's last attempt and after that
+        message's ack: the next hand-out may be a poison, and a crash that lost a coalesced
+        ack would count an attempt for a message already done. The default does nothing,
+        which is right for a backend whose ``ack`` returns recorded; one that coalesces
+        (``capabilities.ack_flush_interval`` > 0) overrides it, else the facade waits the
+        interval out instead.
         """
 
     async def release(self, deliveries: Sequence[Delivery[R]]) -> None:

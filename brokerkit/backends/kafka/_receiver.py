@@ -352,14 +352,38 @@ class KafkaReceiver(Receiver[Receipt]):
             )
         if not part.unsettled(rec):
             raise LeaseExpired(f"the lease on message {delivery.id!r} was lost")
+        raise self._not_recorded(f"the ack of message {delivery.id!r}", ok is None)
+
+    def _not_recorded(self, what: str, unanswered: bool) -> BrokerUnavailable:
         first = self._link.hosts[0] if self._link.hosts else HostPort("localhost", 9092)
-        reason = f"no answer within {_ACK_WAIT:g} s" if ok is None else "the commit failed"
+        reason = f"no answer within {_ACK_WAIT:g} s" if unanswered else "the commit failed"
         where = ", ".join(str(h) for h in self._link.hosts) or str(first)
-        raise BrokerUnavailable(
-            f"kafka: the ack of message {delivery.id!r} was not recorded ({reason}; {where})",
-            host=first.host,
-            port=first.port,
+        return BrokerUnavailable(
+            f"kafka: {what} was not recorded ({reason}; {where})", host=first.host, port=first.port
         )
+
+    async def flush_acks(self) -> None:
+        """Commit the state of every partition held now, synchronously: an asynchronous
+        commit of the acks so far may still be on its way, or not yet sent."""
+        if self._closed:
+            return
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        parts = [p for p in self._parts.values() if not p.gone and not p.revoking]
+        snaps = self._snapshots(parts)
+        if not snaps:
+            return
+        commit = asyncio.ensure_future(self._thread.commit(snaps))
+        await asyncio.wait([commit], timeout=_ACK_WAIT)
+        ok = commit.result() if commit.done() else None
+        commit.cancel()
+        failed = [p for p in parts if not p.gone and not p.revoking and p.key not in (ok or ())]
+        if failed:
+            for part in failed:
+                self._mark_dirty(part)  # the next flush tries again
+            raise self._not_recorded("a commit of the acks so far", ok is None)
+        self._contact = time.monotonic()
 
     def _on_commit(self, err: Any, partitions: list[Any]) -> None:
         """librdkafka's result of an asynchronous commit (on the consumer thread)."""
@@ -430,14 +454,19 @@ class KafkaReceiver(Receiver[Receipt]):
     def _flush(self) -> None:
         """Commit the state of every changed partition (asynchronous commit)."""
         self._flush_handle = None
-        snaps = []
-        for part in self._parts.values():
-            if part.dirty and not part.gone and not part.revoking:
-                snaps.append(part.snapshot())
-                part.dirty = False  # after: a snapshot that raised leaves it to the next flush
-                self._update_backlog(part)
+        parts = [p for p in self._parts.values() if p.dirty and not p.gone and not p.revoking]
+        snaps = self._snapshots(parts)
         if snaps:
             self._thread.commit_soon(snaps)
+
+    def _snapshots(self, parts: list[Partition]) -> list[Snapshot]:
+        """A snapshot of each partition, each then marked clean."""
+        snaps = []
+        for part in parts:
+            snaps.append(part.snapshot())
+            part.dirty = False  # after: a snapshot that raised leaves it to the next flush
+            self._update_backlog(part)
+        return snaps
 
     async def aclose(self) -> None:
         """Commit the final state, leave the group (close()), stop the thread."""

@@ -24,9 +24,21 @@ from brokerkit.backends import (
     ErrorMap,
     HostPort,
     MessageTooLarge,
+    ResourceClosed,
 )
 
-__all__ = ["error_map", "is_transient"]
+__all__ = ["BEST_EFFORT", "error_map", "is_transient"]
+
+BEST_EFFORT = (
+    nats.errors.Error,
+    OSError,
+    TimeoutError,
+    BrokerRefused,
+    BrokerUnavailable,
+    ConfigError,
+    ResourceClosed,
+)
+"""What a best-effort step at close may meet (the server redelivers what it did not hear)."""
 
 _TRANSPORT = (
     nats.errors.NoServersError,

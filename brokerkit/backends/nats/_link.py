@@ -7,14 +7,16 @@ the registry of open receivers (which the backend closes on ``aclose``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from brokerkit.backends import ErrorMap, HostPort, Receiver, ResourceClosed
-from brokerkit.backends.nats._errors import error_map
+from brokerkit.backends.nats._errors import BEST_EFFORT, error_map
 from brokerkit.backends.nats._options import NatsOptions
 
 __all__ = ["NatsLink"]
@@ -82,3 +84,15 @@ class NatsLink:
         if self.js_context is None or self.nc is None:
             raise ResourceClosed("the NATS backend is not open")
         return self.js_context
+
+    async def drain_inbox(self, sub: Subscription, timeout: float) -> None:
+        """``sub.drain()`` within ``timeout``; on a cut path, drop it unheard."""
+        try:
+            await asyncio.wait_for(sub.drain(), timeout)  # type: ignore[no-untyped-call]
+        except (*BEST_EFFORT, asyncio.CancelledError) as exc:
+            # nats-py leaves a subscription whose drain failed registered (and resubscribed
+            # after a reconnect): remove it the way its own unsubscribe does
+            sub._stop_processing()  # no public way after a failed drain
+            self.client._remove_sub(sub._id)
+            if isinstance(exc, asyncio.CancelledError):
+                raise

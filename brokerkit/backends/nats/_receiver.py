@@ -28,18 +28,15 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from brokerkit.backends import (
-    BrokerRefused,
-    BrokerUnavailable,
-    ConfigError,
     Delivery,
     LeaseExpired,
     Outgoing,
     PublishCopy,
     Receiver,
     ReceiverSettings,
-    ResourceClosed,
 )
 from brokerkit.backends.nats._attempts import AttemptBook
+from brokerkit.backends.nats._errors import BEST_EFFORT
 from brokerkit.backends.nats._layout import QueueLayout, decode_headers
 from brokerkit.backends.nats._lease import Lease, new_lease
 from brokerkit.backends.nats._link import NatsLink
@@ -65,16 +62,6 @@ _ACK_WINDOW = 0.1
 _BURST = 1.0
 """How long after the first byte that follows an unanswered pull request deliveries are
 still taken as sent before the silence (see ``_on_msg``)."""
-_BEST_EFFORT = (
-    nats.errors.Error,
-    OSError,
-    TimeoutError,
-    BrokerRefused,
-    BrokerUnavailable,
-    ConfigError,
-    ResourceClosed,
-)
-"""What a best-effort step at close may meet (the server redelivers what it did not hear)."""
 
 
 @dataclass(slots=True)
@@ -339,19 +326,21 @@ class NatsReceiver(Receiver[Lease]):
         message is redelivered), then the lease is checked again and the ``+ACK`` sent.
         """
         msg = self._held(delivery, "ack")
-        if not self._confirm_acks:
-            loop = asyncio.get_running_loop()
-            if loop.time() - self._heard > _ACK_WINDOW:
-                with self._on_ack:
-                    await self._link.client.flush(timeout=max(1, int(self._request_timeout)))
-                self._heard = loop.time()
-                msg = self._held(delivery, "ack")
+        if not self._confirm_acks and asyncio.get_running_loop().time() - self._heard > _ACK_WINDOW:
+            await self.flush_acks()
+            msg = self._held(delivery, "ack")
         with self._on_ack:
             if self._confirm_acks:
                 await msg.ack_sync(timeout=self._request_timeout)
             else:
                 await msg.ack()
         self._settled(delivery)
+
+    async def flush_acks(self) -> None:
+        """A PING/PONG: its PONG means the server read every ``+ACK`` sent before it."""
+        with self._on_ack:
+            await self._link.client.flush(timeout=max(1, int(self._request_timeout)))
+        self._heard = asyncio.get_running_loop().time()
 
     async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
         """nack -> ``-NAK {"delay": ns}``: stays pending (holds its partition) until redelivered."""
@@ -386,7 +375,7 @@ class NatsReceiver(Receiver[Lease]):
         which the server redelivers itself (if it already did, the -1 may leave the count
         one low, as two holders writing one record do; never one high)."""
         live = [m for at, m in unseen if now - at < self._settings.ack_timeout - _LEASE_MARGIN]
-        with contextlib.suppress(*_BEST_EFFORT):  # not given back: its lease runs out
+        with contextlib.suppress(*BEST_EFFORT):  # not given back: its lease runs out
             if self._book is not None:
                 await self._book.uncount_first([m for _, m in unseen])
             for msg in live:
@@ -473,11 +462,11 @@ class NatsReceiver(Receiver[Lease]):
                 await self._await_pulls_ended()
             sub, self._sub = self._sub, None
             if sub is not None:
-                await self._drain_inbox(sub)
+                await self._link.drain_inbox(sub, max(1.0, self._request_timeout))
             buffered, self._buffer = list(self._buffer), deque()
             await self._give_back_unseen(buffered, loop.time())
             await nc.flush(timeout=max(1, int(self._request_timeout)))
-        except _BEST_EFFORT:
+        except BEST_EFFORT:
             pass  # the server redelivers whatever it did not hear about after ack_wait
         finally:
             self._buffer.clear()
@@ -486,15 +475,3 @@ class NatsReceiver(Receiver[Lease]):
         """An immediate ``-NAK`` went out while a pull request of ours was outstanding."""
         issued = [p.issued for p in self._pulls if p is not None]
         return bool(issued) and self._naked_at >= min(issued)
-
-    async def _drain_inbox(self, sub: Subscription) -> None:
-        """``sub.drain()`` within the request timeout; on a cut path, drop it unheard."""
-        try:
-            await asyncio.wait_for(sub.drain(), max(1.0, self._request_timeout))  # type: ignore[no-untyped-call]
-        except (*_BEST_EFFORT, asyncio.CancelledError) as exc:
-            # nats-py leaves a subscription whose drain failed registered (and resubscribed
-            # after a reconnect): remove it the way its own unsubscribe does
-            sub._stop_processing()  # no public way after a failed drain
-            self._link.client._remove_sub(sub._id)
-            if isinstance(exc, asyncio.CancelledError):
-                raise

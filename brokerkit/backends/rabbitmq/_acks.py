@@ -72,9 +72,13 @@ class AckBatch:
         """Ack ``tag``; return once it is written behind recent evidence that the broker is
         alive, or behind a barrier (``qos``: the channel's current ``basic.qos``)."""
         self.add(tag)
+        if asyncio.get_running_loop().time() - self.heard > EVIDENCE:
+            await self.barrier(qos)
+
+    async def barrier(self, qos: int) -> None:
+        """Return once the broker processed every ack queued so far: they are written,
+        then a ``basic.qos`` (``qos``) answered behind them, unless one sent since was."""
         loop = asyncio.get_running_loop()
-        if loop.time() - self.heard <= EVIDENCE:
-            return
         mine = self._queued
         async with self._barrier:
             if self._covered >= mine:

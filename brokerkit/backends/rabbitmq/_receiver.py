@@ -370,6 +370,10 @@ class RabbitReceiver(Receiver[Lease]):
                     self._ready.append(nxt)
                     self._wakeup.set()
 
+    async def flush_acks(self) -> None:
+        """A barrier behind the acks queued so far (``_acks``)."""
+        await self._acks.barrier(self._sources[-1].prefetch if self._sources else 1)
+
     async def _send_ack(self, held: Held) -> None:
         """Queue the ack (written at the next turn of the event loop with every other ack
         queued meanwhile); without recent word from the broker, wait for a barrier

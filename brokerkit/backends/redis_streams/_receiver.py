@@ -324,6 +324,11 @@ class RedisReceiver(Receiver[Receipt]):
                 log.warning("brokerkit: coalesced acks not yet recorded, will retry: %s", exc)
                 self._ack_ready.set()  # retry without waiting for the next ack
 
+    async def flush_acks(self) -> None:
+        """Record the coalesced acks queued now, without waiting for the flush loop."""
+        if self._acks:
+            await self._flush()
+
     async def _flush(self) -> None:
         """Record the acks queued now, and every full batch queued meanwhile.
 

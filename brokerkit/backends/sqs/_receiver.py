@@ -454,6 +454,10 @@ class SqsReceiver(Receiver[Receipt]):
             for message_id, _ in chunk:
                 _attempts.count_unseen(self._url, message_id)
 
+    async def flush_acks(self) -> None:
+        """Send the batched deletes now and wait for every delete in flight."""
+        await self._acks.flush()
+
     async def aclose(self) -> None:
         if self._closed:
             return

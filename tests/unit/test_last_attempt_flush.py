@@ -1,0 +1,114 @@
+"""A last attempt waits for recorded acks, not for a clock (issue 16, ``_alone.py``).
+
+Before a message's last attempt is handed out, the acks made so far must be recorded by
+the broker, and its own ack returns only once recorded: the next hand-out may be a
+poison, and a crash that lost a coalesced ack would count an attempt for a message that
+was done. A backend that coalesces acks says when they are recorded (``flush_acks``);
+the facade used to sleep ``ack_flush_interval`` instead, which a delete still on its way
+outlived (``brokerkit check sqs`` dead-lettered an innocent, 2026-12-02).
+
+Pure facade logic: memory://'s receiver behind a coalescer that records acks only when
+flushed, so the facade's waiting is all that stands between an ack and its record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import brokerkit
+from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
+from brokerkit.backends.memory import MemoryBackend
+from brokerkit.testing import memory_url
+
+FLUSH_INTERVAL = 0.2
+"""The coalescing window the backend declares: what the facade used to sleep."""
+
+
+class _Coalescing(Receiver[Any]):
+    """memory://'s receiver whose acks are recorded only by ``flush_acks`` (or close)."""
+
+    def __init__(self, inner: Receiver[Any]) -> None:
+        self.inner = inner
+        self.pending: list[Delivery[Any]] = []
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
+        return await self.inner.receive(max_messages, wait)
+
+    async def ack(self, delivery: Delivery[Any]) -> None:
+        self.pending.append(delivery)
+
+    async def flush_acks(self) -> None:
+        pending, self.pending = self.pending, []
+        for delivery in pending:
+            await self.inner.ack(delivery)
+
+    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
+        await self.inner.nack(delivery, delay)
+
+    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
+        await self.inner.extend(delivery, ack_timeout)
+
+    async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
+        await self.inner.release(deliveries)
+
+    async def aclose(self) -> None:
+        await self.flush_acks()
+        await self.inner.aclose()
+
+
+class _CoalescingBackend(MemoryBackend):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.capabilities = dataclasses.replace(
+            self.capabilities, ack_flush_interval=FLUSH_INTERVAL
+        )
+        self.receivers: list[_Coalescing] = []
+
+    async def subscribe(
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> _Coalescing:
+        receiver = _Coalescing(await super().subscribe(queue, group, settings))
+        self.receivers.append(receiver)
+        return receiver
+
+
+async def _next(consumer: brokerkit.Consumer) -> brokerkit.Message:
+    return await asyncio.wait_for(consumer.__anext__(), 5.0)
+
+
+async def test_the_ack_of_a_last_attempt_returns_recorded() -> None:
+    backend = _CoalescingBackend.from_url(brokerkit.BrokerURL.parse(memory_url()))
+    async with brokerkit.from_backend(backend) as broker:
+        await broker.publish("q", b"last")
+        async with broker.consumer("q", "g", max_attempts=2, prefetch=1) as consumer:
+            first = await _next(consumer)
+            await first.nack()
+            last = await _next(consumer)
+            assert last.attempt == 2  # max_attempts: handed out alone
+            await last.ack()
+            [receiver] = backend.receivers
+            assert receiver.pending == []  # recorded when ack returned, not a window later
+            stats = await broker.stats("q", "g")
+            assert (stats.ready, stats.in_flight) == (0, 0)
+
+
+async def test_acks_made_before_a_last_attempt_are_recorded_before_it_goes_out() -> None:
+    backend = _CoalescingBackend.from_url(brokerkit.BrokerURL.parse(memory_url()))
+    async with brokerkit.from_backend(backend) as broker:
+        await broker.publish("q", b"suspect")
+        await broker.publish("q", b"innocent")
+        async with broker.consumer("q", "g", max_attempts=2, prefetch=1) as consumer:
+            suspect = await _next(consumer)
+            await suspect.nack(delay=0.3)
+            innocent = await _next(consumer)
+            assert innocent.body == b"innocent"
+            await innocent.ack()  # coalesced: pending until flushed
+            [receiver] = backend.receivers
+            assert [d.body for d in receiver.pending] == [b"innocent"]
+            last = await _next(consumer)
+            assert (last.body, last.attempt) == (b"suspect", 2)
+            assert receiver.pending == []  # the innocent's ack was recorded before it came
+            await last.ack()

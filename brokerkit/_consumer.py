@@ -255,7 +255,8 @@ class Consumer:
         self._message_class = _DeadLetterMessage if dead_letters else Message
         # fetched, not yet handed out (a last attempt first); given back before a lease ends
         last = 0 if dead_letters else max_attempts
-        self._buffer = buffer = FetchBuffer(ack_timeout, self._give_back_unseen, last)
+        where = f"consumer {queue.name}/{group}{' (DLQ)' if dead_letters else ''}"
+        self._buffer = buffer = FetchBuffer(ack_timeout, self._give_back_unseen, last, where)
         self._releases: set[asyncio.Task[None]] = set()
         link_ = AloneLink(buffer, max_attempts, self.move_to_dlq, self._holds, self._settle_held)
         self._alone = LastAttempts(link_)  # a last attempt is handed out alone
@@ -350,14 +351,7 @@ class Consumer:
         buffer = self._buffer
         if buffer.fetch is None:
             self._start_fetch(self.prefetch, wait=_POLL_WAIT)
-        task = buffer.fetch
-        assert task is not None
-        # shield: cancelling __anext__ must not cancel a receive that may have leased messages;
-        # the buffer keeps whatever it returns for the next call.
-        await asyncio.shield(task)
-        # Awaiting a task that is already done does not yield to the loop, so its done
-        # callback may not have run yet: collect here rather than spin.
-        buffer.collect(task)
+        await buffer.wait_fetch()  # cancel-safe; rides out an outage (BrokerUnavailable)
 
     def _start_fetch(self, count: int, *, wait: float) -> None:
         """Start one receive. A read-ahead one does not wait (``wait=0``): it only takes

@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from brokerkit._errors import BrokerUnavailable
+from brokerkit._outage import Outage
 from brokerkit.backends.base import Delivery
 
 _now = time.monotonic  # the lease clock: the event loop's
@@ -44,6 +46,7 @@ class FetchBuffer:
         "_last_attempt",
         "_last_waiting",
         "_margin",
+        "_outage",
         "_pos",
         "_timer",
         "count",
@@ -56,8 +59,10 @@ class FetchBuffer:
         ack_timeout: float,
         give_back: Callable[[list[Delivery[Any]]], None] | None = None,
         last_attempt: int = 0,
+        where: str = "consumer",
     ) -> None:
         self._ack_timeout = ack_timeout
+        self._outage = Outage(where)
         self._last_attempt = max(last_attempt, 2) if last_attempt else 0
         """A redelivery with ``attempt >= last_attempt`` (0: none) goes out before what is
         buffered ahead of it (``_bring_last_forward``)."""
@@ -219,6 +224,25 @@ class FetchBuffer:
             self._batches.append((lease_end, deliveries))
             self.count += len(deliveries)
             self._arm(lease_end)
+
+    async def wait_fetch(self) -> None:
+        """Wait for the fetch in flight (shielded: a cancelled caller leaves it running and
+        the buffer keeps what it brings) and keep what it brought. A fetch that raised
+        BrokerUnavailable is ridden out (``_outage``): this returns after a pause, with no
+        fetch in flight, and the caller fetches again."""
+        task = self.fetch
+        assert task is not None
+        try:
+            await asyncio.shield(task)
+        except BrokerUnavailable as exc:
+            self.collect(task)
+            await self._outage.failed(exc)
+            return
+        if self._outage.failures:
+            self._outage.ended()
+        # awaiting a done task does not yield to the loop, so its done callback may not
+        # have run yet: collect here rather than spin
+        self.collect(task)
 
     async def finish_fetch(self) -> None:
         """Wait for the fetch in flight, if any, and keep what it brought."""

@@ -323,7 +323,7 @@ class NatsReceiver(Receiver[Lease]):
         within ``_ACK_WINDOW``: an ack must not return unrecorded into a path that went
         silent (cut) longer ago than the coalescing window. Else a PING/PONG goes first,
         with nothing sent yet (none within ``request_timeout``: BrokerUnavailable, and the
-        message is redelivered), then the lease is checked again and the ``+ACK`` sent.
+        message may be redelivered), then the lease is checked again and the ``+ACK`` sent.
         """
         msg = self._held(delivery, "ack")
         if not self._confirm_acks and asyncio.get_running_loop().time() - self._heard > _ACK_WINDOW:

@@ -5,7 +5,14 @@ One producer connection publishes one message at a time, paced, each call bounde
 stream records, per message body, when its publish returned (or how it failed), every
 delivery and every ack, so the fault tests can assert and report:
 
-* every publish that returned is acked by a consumer in the end (``lost`` must be 0);
+* every publish that returned is acked by a consumer in the end (``lost`` must be 0),
+  or was handled and its ``ack()`` raised and it never came back (``ack_raised_kept``):
+  an ack that raises has an unknown outcome (the contract says the message *may* be
+  delivered again). Over a cut longer than the client's patience, the ack's bytes wait
+  in the cut path and reach the broker when it is restored: the broker records the ack
+  the client gave up on (seen on Redis, NATS and RabbitMQ with 20 s cuts, 2026-12-03).
+  It counts only once ``redelivered_within`` seconds passed after that ack with no
+  delivery: had the broker not recorded it, the lease would have run out by then;
 * a publish during the outage returns or raises ``BrokerUnavailable``: never hangs
   (bounded), never raises anything else;
 * the consumers keep iterating by themselves (their iterator never raises, and an
@@ -108,6 +115,13 @@ class Stream:
     """Seconds between two publishes (keep it above hold / consumers: no backlog)."""
     bound: float = 120.0
     """Longest a single publish call may take before it counts as a hang."""
+    redelivered_within: float = 30.0
+    """A message whose ack raised comes back within this long if the broker did not
+    record the ack (its lease, plus the backend's redelivery slack, plus a margin),
+    counted from the ack or from ``fault_end``, whichever is later."""
+    fault_end: float = 0.0
+    """When the broker was reachable again (set by the test: no redelivery can arrive
+    through a cut path)."""
     publishes: dict[str, Publish] = field(default_factory=dict)
     deliveries: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     acks: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # (t, "ok"|type)
@@ -199,8 +213,24 @@ class Stream:
     def confirmed_after(self, t: float) -> int:
         return sum(1 for p in self.publishes.values() if p.outcome == "ok" and p.started > t)
 
+    def ack_raised_kept(self) -> set[str]:
+        """Handled, every ``ack()`` raised, and not delivered again for
+        ``redelivered_within`` s after the last one (or after ``fault_end``): the broker
+        recorded that ack."""
+        now = time.monotonic()
+        kept = set()
+        for body, acks in self.acks.items():
+            if any(r == "ok" for _, r in acks):
+                continue
+            last_ack = max(t for t, _ in acks)
+            last_delivery = max(t for t, _ in self.deliveries.get(body, [(0.0, 0)]))
+            quiet_since = max(last_ack, self.fault_end)
+            if last_delivery < last_ack and now - quiet_since >= self.redelivered_within:
+                kept.add(body)
+        return kept
+
     def all_acked(self) -> bool:
-        return self.confirmed() <= self.acked()
+        return self.confirmed() <= self.acked() | self.ack_raised_kept()
 
     def count(self, predicate: Callable[[Publish], bool]) -> int:
         return sum(1 for p in self.publishes.values() if predicate(p))
@@ -211,6 +241,7 @@ class Stream:
         """The figures of one fault run, and the violations among them."""
         confirmed = self.confirmed()
         acked = self.acked()
+        kept = self.ack_raised_kept()
         redelivered_in_window, redelivered_after_ack, overlapping = [], [], []
         published_twice = []
         in_flight = {  # publish called before the fault and returned after it (or never)
@@ -267,8 +298,9 @@ class Stream:
             "publish_max_s": round(max(durations, default=0.0), 2),
             "published_late": len(late),
             "delivered": len(self.deliveries),
-            "lost": len(confirmed - acked),
-            "lost_examples": sorted(confirmed - acked)[:5],
+            "lost": len(confirmed - acked - kept),
+            "lost_examples": sorted(confirmed - acked - kept)[:5],
+            "ack_raised_kept": len(kept),
             "loop_late_max_s": round(self.lag.worst(fault_start - 2, fault_start + kill_grace), 3),
             "duplicates": duplicates,
             "ack_errors": ack_errors,

@@ -82,6 +82,7 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
             hold=HOLD if during == "ack" else 0.0,
             pace=HOLD if during == "ack" else PACE,
             bound=cut_for + AFTER_RECOVERY,
+            redelivered_within=ACK_TIMEOUT + slack + 2.0,
         )
         stream.start()
         await eventually(
@@ -101,7 +102,7 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
                 what="the cut to last",
             )
         finally:
-            restored_at = time.monotonic()
+            restored_at = stream.fault_end = time.monotonic()
             path.restore()
         try:
             await eventually(

@@ -76,6 +76,7 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
     assert (held.body, held.attempt) == (b"held", 1)
     held_back: float | None = None
     stream = Stream(producer, consumers, queue, bound=timeout + AFTER_RECOVERY)
+    stream.redelivered_within = ACK_TIMEOUT + slack + 2.0
     stream.start()
     timed_out = ""
     fault_start = fault_end = time.monotonic()
@@ -94,7 +95,7 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
         finally:
             killed = down.result() if down.done() else None
             down.cancel()
-        fault_end = time.monotonic()
+        fault_end = stream.fault_end = time.monotonic()
         try:
             await eventually(
                 lambda: stream.confirmed_after(fault_end) >= AFTER or bool(stream.iterator_errors),

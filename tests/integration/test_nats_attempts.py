@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+from unittest import mock
 
 import nats.js.errors
 import pytest
@@ -202,14 +203,15 @@ async def test_a_close_after_a_nak_unsubscribes_only_once_its_pull_requests_ende
         [d] = await r.receive(5, 5.0)  # the request (batch 5) stays open
         await r.release([d])  # an immediate -NAK: the server may route it to that request
         open_at_unsub: list[list[object]] = []
-        drain = r._drain_inbox  # type: ignore[attr-defined]
+        link = r._link  # type: ignore[attr-defined]
+        drain = link.drain_inbox
 
-        async def watched(sub: object) -> None:
+        async def watched(_link: object, sub: object, timeout: float) -> None:
             open_at_unsub.append([p for p in r._pulls if p is not None])  # type: ignore[attr-defined]
-            await drain(sub)
+            await drain(sub, timeout)
 
-        r._drain_inbox = watched  # type: ignore[attr-defined]
-        await r.aclose()
+        with mock.patch.object(type(link), "drain_inbox", watched):  # the link has __slots__
+            await r.aclose()
         assert [len(x) for x in open_at_unsub] == [0], "unsubscribed with requests open"
         await _next_receiver_gets(backend, queue, b"m")
     finally:

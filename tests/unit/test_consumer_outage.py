@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from _forwarding import Forwarding
 
 import brokerkit
 from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
@@ -22,11 +22,11 @@ from brokerkit.backends.memory import MemoryBackend
 from brokerkit.testing import memory_url
 
 
-class _Down(Receiver[Any]):
+class _Down(Forwarding):
     """memory://'s receiver; its receives fail while ``down`` (counted in ``failed``)."""
 
     def __init__(self, inner: Receiver[Any]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.down = True
         self.failed = 0
 
@@ -35,21 +35,6 @@ class _Down(Receiver[Any]):
             self.failed += 1
             raise brokerkit.BrokerUnavailable("redis at 127.0.0.1:6379 did not answer")
         return await self.inner.receive(max_messages, wait)
-
-    async def ack(self, delivery: Delivery[Any]) -> None:
-        await self.inner.ack(delivery)
-
-    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
-        await self.inner.nack(delivery, delay)
-
-    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
-        await self.inner.extend(delivery, ack_timeout)
-
-    async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
-        await self.inner.release(deliveries)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 class _Backend(MemoryBackend):

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
+
+from _forwarding import Forwarding
 
 import brokerkit
 from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
@@ -27,15 +28,12 @@ FLUSH_INTERVAL = 0.2
 """The coalescing window the backend declares: what the facade used to sleep."""
 
 
-class _Coalescing(Receiver[Any]):
+class _Coalescing(Forwarding):
     """memory://'s receiver whose acks are recorded only by ``flush_acks`` (or close)."""
 
     def __init__(self, inner: Receiver[Any]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.pending: list[Delivery[Any]] = []
-
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
-        return await self.inner.receive(max_messages, wait)
 
     async def ack(self, delivery: Delivery[Any]) -> None:
         self.pending.append(delivery)
@@ -44,15 +42,6 @@ class _Coalescing(Receiver[Any]):
         pending, self.pending = self.pending, []
         for delivery in pending:
             await self.inner.ack(delivery)
-
-    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
-        await self.inner.nack(delivery, delay)
-
-    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
-        await self.inner.extend(delivery, ack_timeout)
-
-    async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
-        await self.inner.release(deliveries)
 
     async def aclose(self) -> None:
         await self.flush_acks()

@@ -51,6 +51,8 @@ _STALE_FRACTION = 0.5
 """Buffered longer than this share of ack_timeout: given back unseen, not handed out."""
 _EXPIRY_GRACE = 0.25
 """A pull request is taken as finished this long after its expiry even if no 408 came."""
+_LOOK = 0.05
+"""How long a ``receive`` with ``wait <= 0`` looks for what is there now."""
 _MAX_PULL = 1.0  # a longer receive re-issues; a close waits for at most this
 _LEASE_MARGIN = 0.02
 """Settling this close to the server's lease end raises LeaseExpired: it may be redelivered."""
@@ -185,7 +187,7 @@ class NatsReceiver(Receiver[Lease]):
         """Give every slot without a live request a new one; return the earliest expiry."""
         nc = self._link.client
         now = asyncio.get_running_loop().time()
-        linger = min(max(wait, 0.05), _MAX_PULL)
+        linger = min(max(wait, _LOOK), _MAX_PULL)
         expires_ns = int(linger * 1e9)
         earliest = now + linger
         for slot, pull in enumerate(self._pulls):
@@ -212,27 +214,23 @@ class NatsReceiver(Receiver[Lease]):
         if self._closed:
             return []
         loop = asyncio.get_running_loop()
-        end = loop.time() + wait
+        # wait <= 0: one short look, its end fixed once (every status that lands resets
+        # nothing: with a pull per partition they land more often than a look lasts)
+        end = loop.time() + (wait if wait > 0 else _LOOK)
         with self._on_receive:
             while True:
                 out = await self._take(max_messages)
                 if out:
                     return out
                 now = loop.time()
-                if now >= end and wait > 0:
+                if now >= end:
                     return []
                 self._arrived.clear()
                 wake = await self._issue(max_messages, end - now)
                 if self._buffer:
                     continue
-                if wait <= 0:
-                    wake = now + 0.05  # one short look, then give up
-                    end = wake
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), max(min(end, wake) - now, 0.001))
-                except TimeoutError:
-                    if wait <= 0:
-                        return await self._take(max_messages)
 
     async def _take(self, max_messages: int) -> list[Delivery[Lease]]:
         """Up to ``max_messages`` buffered deliveries; stale ones go back, aged ones refreshed."""

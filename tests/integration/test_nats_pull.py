@@ -1,0 +1,70 @@
+"""The NATS receiver's pull engine, through the Receiver API, on the shared test server
+(``BROKERKIT_NATS_URL``, default nats://127.0.0.1:4222; skipped when none answers there).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import brokerkit
+from brokerkit.backends import QueueRef, ReceiverSettings
+from brokerkit.backends.nats import NatsBackend
+
+URL = os.environ.get("BROKERKIT_NATS_URL", "nats://127.0.0.1:4222")
+PULL = "$JS.API.CONSUMER.MSG.NEXT."
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[NatsBackend]:
+    b = NatsBackend.from_url(brokerkit.BrokerURL.parse(URL))
+    try:
+        await b.open()
+    except brokerkit.BrokerUnavailable:
+        await b.aclose()
+        pytest.skip("no NATS server at the test URL")
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
+async def test_a_zero_wait_receive_takes_one_look_on_an_idle_queue(backend: NatsBackend) -> None:
+    """``receive(n, 0)`` (the consumer's read-ahead) looks once and returns: at most one
+    pull request per durable (the group's and one per partition: 33 by default).
+
+    Before: every pull-request status that landed during the 50 ms look started the look
+    again, and with 33 durables they landed more often than that: on an idle queue one
+    read-ahead kept pulling for up to 7 s (200 looks, 2026-12-03). A last attempt waits
+    for the read-ahead before it goes out alone, and its lease ran out meanwhile: it went
+    to the DLQ without its last try (CI, the crash behaviour on NATS)."""
+    queue = QueueRef(f"t-look-{uuid.uuid4().hex[:10]}")
+    nc = backend.link.client
+    sent: list[str] = []
+    publish = nc.publish
+
+    async def counted(subject: str, *args: Any, **kwargs: Any) -> None:
+        if subject.startswith(PULL):
+            sent.append(subject)
+        await publish(subject, *args, **kwargs)
+
+    try:
+        r = await backend.subscribe(queue, "g", ReceiverSettings(30.0))
+        durables = backend.options.partitions + 1
+        nc.publish = counted  # type: ignore[method-assign]
+        try:
+            worst = 0
+            for _ in range(150):
+                sent.clear()
+                assert await r.receive(32, 0.0) == []
+                worst = max(worst, len(sent))
+        finally:
+            del nc.publish
+        await r.aclose()
+        assert worst <= durables, f"one zero-wait receive sent {worst} pull requests"
+    finally:
+        await backend.delete_queue(queue.name)

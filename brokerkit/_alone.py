@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,8 @@ class AloneLink:
     """True while the caller holds this delivery (handed out, unsettled, lease alive)."""
     settle_held: Callable[[], Awaitable[None]]
     """Wait until what the caller holds is settled, its last lease ran out, or close."""
+    ack_timeout: float
+    """The consumer's lease: what a renewal (``Receiver.extend``) grants."""
 
 
 class LastAttempts:
@@ -92,31 +95,61 @@ class LastAttempts:
 
     async def hand_out(
         self, delivery: Delivery[Any], deadline: float, receiver: Receiver[Any], flush: float
-    ) -> bool:
-        """For a redelivery (``attempt > 1``): True to hand it out now (alone at
-        ``attempt >= max_attempts``), False when it went to the DLQ or its lease ran out
-        meanwhile. ``flush`` is the backend's ``capabilities.ack_flush_interval``.
+    ) -> float | None:
+        """For a redelivery (``attempt > 1``): the lease end to hand it out with now
+        (alone at ``attempt >= max_attempts``), None when it went to the DLQ or its lease
+        was lost meanwhile. ``flush`` is the backend's ``capabilities.ack_flush_interval``.
         Cancel-safe: a cancelled call puts the delivery back in front."""
         link = self._link
         last = delivery.attempt >= link.max_attempts
         if delivery.attempt > link.max_attempts:
             # delivered max_attempts times and never settled (crashes, hangs): to the DLQ
             await link.dead_letter(delivery, REASON_MAX_ATTEMPTS, delivery.attempt - 1)
-            return False
+            return None
         try:
             if last:
-                await self._isolate(receiver, flush)
+                deadline = await self._isolate_renewing(delivery, deadline, receiver, flush)
             if receiver.wants_handing_out:
                 await receiver.handing_out(delivery, link.buffer.buffered())
         except asyncio.CancelledError:
             link.buffer.put_back_front(delivery, deadline)
             raise
         if not last:
-            return True
+            return deadline
         if _now() > deadline:
-            return False
+            return None
         self.held = delivery
-        return True
+        return deadline
+
+    async def _isolate_renewing(
+        self, delivery: Delivery[Any], deadline: float, receiver: Receiver[Any], flush: float
+    ) -> float:
+        """``_isolate``, renewing the delivery's lease whenever half of what is left ran
+        out meanwhile: settling what the caller holds may take those messages' whole
+        leases (longer still if they are renewed), and a last attempt whose lease ran out
+        before its hand-out would come back past ``max_attempts``, into the DLQ, never
+        tried. Returns the lease end (in the past if a renewal failed)."""
+        isolating = asyncio.ensure_future(self._isolate(receiver, flush))
+        try:
+            while True:
+                left = deadline - _now()
+                await asyncio.wait((isolating,), timeout=max(left / 2, 0.0))
+                if isolating.done():
+                    isolating.result()
+                    return deadline
+                started = _now()
+                try:
+                    await receiver.extend(delivery, self._link.ack_timeout)
+                except BrokerkitError as exc:  # lost: the broker redelivers it
+                    _log.debug("lease of a last attempt not renewed: %s", exc)
+                    await isolating
+                    return -math.inf
+                deadline = started + self._link.ack_timeout
+        finally:
+            if not isolating.done():
+                isolating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await isolating
 
     async def _isolate(self, receiver: Receiver[Any], flush: float) -> None:
         """Steps 1-3 of the module's docstring."""

@@ -258,7 +258,9 @@ class Consumer:
         where = f"consumer {queue.name}/{group}{' (DLQ)' if dead_letters else ''}"
         self._buffer = buffer = FetchBuffer(ack_timeout, self._give_back_unseen, last, where)
         self._releases: set[asyncio.Task[None]] = set()
-        link_ = AloneLink(buffer, max_attempts, self.move_to_dlq, self._holds, self._settle_held)
+        link_ = AloneLink(
+            buffer, max_attempts, self.move_to_dlq, self._holds, self._settle_held, ack_timeout
+        )
         self._alone = LastAttempts(link_)  # a last attempt is handed out alone
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
@@ -336,8 +338,10 @@ class Consumer:
                     continue
                 if delivery.attempt > 1 and not self.dead_letters:  # a redelivery
                     flush = self._backend.capabilities.ack_flush_interval if self._backend else 0.0
-                    if not await alone.hand_out(delivery, deadline, receiver, flush):
-                        continue  # to the DLQ, put back, or its lease ran out meanwhile
+                    renewed = await alone.hand_out(delivery, deadline, receiver, flush)
+                    if renewed is None:
+                        continue  # to the DLQ, or its lease was lost meanwhile
+                    deadline = renewed
                     if delivery.attempt >= self.max_attempts:  # handed out alone:
                         receiver = FlushedAck(receiver, flush)  # its ack returns recorded
                 message = self._message_class(self, receiver, delivery, deadline)

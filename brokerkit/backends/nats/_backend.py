@@ -49,7 +49,7 @@ from brokerkit.backends.nats._attempts import attempts_stream, declare_attempts
 from brokerkit.backends.nats._errors import is_transient
 from brokerkit.backends.nats._inspect import browse_stream, stats_stream
 from brokerkit.backends.nats._layout import HEADER_ROOM, QueueLayout, encode_headers
-from brokerkit.backends.nats._link import NatsLink
+from brokerkit.backends.nats._link import NatsLink, survive_late_pongs
 from brokerkit.backends.nats._options import NatsOptions
 from brokerkit.backends.nats._receiver import NatsReceiver
 
@@ -153,6 +153,7 @@ class NatsBackend(Backend):
                 self._connect_once, what="NATS", hosts=link.hosts, is_transient=is_transient
             )
         nc = link.nc
+        survive_late_pongs(nc)
         if not link.hosts and nc.connected_url is not None:
             u = nc.connected_url
             link.hosts = (HostPort(u.hostname or "localhost", u.port),)

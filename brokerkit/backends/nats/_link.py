@@ -8,6 +8,7 @@ the registry of open receivers (which the backend closes on ``aclose``).
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from brokerkit.backends import ErrorMap, HostPort, Receiver, ResourceClosed
 from brokerkit.backends.nats._errors import BEST_EFFORT, error_map
 from brokerkit.backends.nats._options import NatsOptions
 
-__all__ = ["NatsLink"]
+__all__ = ["NatsLink", "survive_late_pongs"]
 
 
 class NatsLink:
@@ -96,3 +97,29 @@ class NatsLink:
             self.client._remove_sub(sub._id)
             if isinstance(exc, asyncio.CancelledError):
                 raise
+
+
+def survive_late_pongs(nc: NATS) -> None:
+    """Make ``nc`` take a PONG whose ``flush`` gave up (nats-py 2.16 does not).
+
+    ``flush(timeout)`` queues a future per PING and cancels it on timeout, but leaves it
+    queued. When that PONG comes after all (a network cut longer than the timeout, then
+    restored), nats-py sets the cancelled future's result, ``InvalidStateError`` ends its
+    read loop, and the connection stays up deaf: writes still reach the server, nothing is
+    read again (no delivery, no PONG, no reply) until the stale-connection check minutes
+    later. Measured: a NATS consumer, after a 20 s cut during which an ack's PING timed out,
+    sent pull requests for 67 s and read none of their deliveries (2026-12-03). Every
+    ``flush`` can time out so (``Subscription.drain`` calls one too): the PONG handler of
+    this client (ours or the user's) skips a future that is already done.
+    """
+    nc._process_pong = types.MethodType(_process_pong, nc)  # type: ignore[method-assign]
+
+
+async def _process_pong(nc: NATS) -> None:
+    """nats-py's ``Client._process_pong``, minus the ``set_result`` on a done future."""
+    if nc._pongs:
+        future = nc._pongs.pop(0)
+        if not future.done():
+            future.set_result(True)
+        nc._pongs_received += 1
+        nc._pings_outstanding = 0

@@ -68,3 +68,28 @@ async def test_a_zero_wait_receive_takes_one_look_on_an_idle_queue(backend: Nats
         assert worst <= durables, f"one zero-wait receive sent {worst} pull requests"
     finally:
         await backend.delete_queue(queue.name)
+
+
+async def test_a_release_after_the_server_redelivered_sends_no_third_copy(
+    backend: NatsBackend,
+) -> None:
+    """A delivery given back after its lease ran out is not ``-NAK``ed: the server has
+    sent the message again already, and a ``-NAK`` for the older delivery made it send the
+    newer one once more, to a second holder (after a 20 s cut both copies were handed out
+    and acked: an acked message came back)."""
+    queue = QueueRef(f"t-late-nak-{uuid.uuid4().hex[:10]}")
+    lease = 1.0
+    try:
+        r = await backend.subscribe(queue, "g", ReceiverSettings(lease))
+        await backend.publish(queue, [brokerkit.Outgoing(b"m")])
+        first = await r.receive(1, 5.0)
+        assert [d.body for d in first] == [b"m"]
+        again = await r.receive(1, lease + 5.0)  # its lease ran out: the server sends it again
+        assert [(d.body, d.extras["consumer_sequence"] > 1) for d in again] == [(b"m", True)]
+        await r.release(first)  # the older delivery, lease over
+        third = await r.receive(1, lease * 0.7)  # before the newer one's own lease ends
+        assert third == [], "the release of an expired delivery made the server send it again"
+        await r.ack(again[0])
+        await r.aclose()
+    finally:
+        await backend.delete_queue(queue.name)

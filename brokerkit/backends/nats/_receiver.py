@@ -56,6 +56,12 @@ _LOOK = 0.05
 _MAX_PULL = 1.0  # a longer receive re-issues; a close waits for at most this
 _LEASE_MARGIN = 0.02
 """Settling this close to the server's lease end raises LeaseExpired: it may be redelivered."""
+_NAK_MARGIN = 0.5
+"""A delivery given back unseen is ``-NAK``ed only while more of its lease is left than
+this: a ``-NAK`` that reaches the server after the lease ran out (and the server sent the
+message again) makes it send the message once more, to a second holder (measured after a
+20 s cut: a released delivery's ``-NAK`` landed 5 ms after its redelivery, and both copies
+were handed out). Short of it, the server's own redelivery comes at most this late."""
 _PRUNE_AT = 1024
 """Renewals kept before the ones that ran out (never settled here) are dropped."""
 _ACK_WINDOW = 0.1
@@ -302,13 +308,11 @@ class NatsReceiver(Receiver[Lease]):
 
     def _held(self, delivery: Delivery[Lease], verb: str) -> Msg:
         """The message, or LeaseExpired once the server's ack_wait has (nearly) run out."""
-        lease = delivery.receipt
-        deadline = self._renewed.get(lease, lease.deadline) if self._renewed else lease.deadline
-        if asyncio.get_running_loop().time() > deadline - _LEASE_MARGIN:
+        if self._left(delivery) < _LEASE_MARGIN:
             raise LeaseExpired(
                 f"cannot {verb} message {delivery.id!r}: its JetStream lease (ack_wait) ran out"
             )
-        return lease.msg
+        return delivery.receipt.msg
 
     def _settled(self, delivery: Delivery[Lease]) -> None:
         if self._renewed:
@@ -341,11 +345,21 @@ class NatsReceiver(Receiver[Lease]):
         self._heard = asyncio.get_running_loop().time()
 
     async def nack(self, delivery: Delivery[Lease], delay: float) -> None:
-        """nack -> ``-NAK {"delay": ns}``: stays pending (holds its partition) until redelivered."""
-        msg = delivery.receipt.msg  # past the lease a nak changes nothing: no error
-        with self._on_nack:
-            await self._nak(msg, delay)
+        """nack -> ``-NAK {"delay": ns}``: stays pending (holds its partition) until redelivered.
+
+        Not past the lease (no error): the server redelivers that message itself, maybe
+        already has, and a ``-NAK`` for this older delivery would make it send the newer
+        one again, to a second holder (``_left``)."""
+        if self._left(delivery) > _LEASE_MARGIN:
+            with self._on_nack:
+                await self._nak(delivery.receipt.msg, delay)
         self._settled(delivery)
+
+    def _left(self, delivery: Delivery[Lease]) -> float:
+        """Seconds until the server's lease on this delivery ends (as this receiver knows it)."""
+        lease = delivery.receipt
+        deadline = self._renewed.get(lease, lease.deadline) if self._renewed else lease.deadline
+        return deadline - asyncio.get_running_loop().time()
 
     async def _nak(self, msg: Msg, delay: float) -> None:
         """``-NAK``; before 2.10 not before this receiver's pull on that durable has ended.
@@ -372,7 +386,7 @@ class NatsReceiver(Receiver[Lease]):
         be past its server lease (arrival stamps are the earliest it could have been sent),
         which the server redelivers itself (if it already did, the -1 may leave the count
         one low, as two holders writing one record do; never one high)."""
-        live = [m for at, m in unseen if now - at < self._settings.ack_timeout - _LEASE_MARGIN]
+        live = [m for at, m in unseen if now - at < self._settings.ack_timeout - _NAK_MARGIN]
         with contextlib.suppress(*BEST_EFFORT):  # not given back: its lease runs out
             if self._book is not None:
                 await self._book.uncount_first([m for _, m in unseen])
@@ -381,12 +395,16 @@ class NatsReceiver(Receiver[Lease]):
 
     async def release(self, deliveries: Sequence[Delivery[Lease]]) -> None:
         """release -> the record set to ``attempt - 2`` (the next delivery has the same
-        attempt: JetStream counted one, the book takes it back), then ``-NAK`` each."""
+        attempt: JetStream counted one, the book takes it back), then ``-NAK`` each whose
+        lease has more than ``_NAK_MARGIN`` left; the rest the server redelivers itself."""
         if self._book is not None and deliveries:
             with self._on_nack:
                 await self._book.record([(int(d.id), d.attempt - 2) for d in deliveries])
         for delivery in deliveries:
-            await self.nack(delivery, 0.0)
+            if self._left(delivery) > _NAK_MARGIN:
+                await self.nack(delivery, 0.0)
+            else:
+                self._settled(delivery)
 
     async def extend(self, delivery: Delivery[Lease], ack_timeout: float) -> None:
         """extend -> ``+WPI`` (in_progress): the server restarts the durable's ack_wait."""

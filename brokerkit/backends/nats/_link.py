@@ -112,7 +112,9 @@ def survive_late_pongs(nc: NATS) -> None:
     ``flush`` can time out so (``Subscription.drain`` calls one too): the PONG handler of
     this client (ours or the user's) skips a future that is already done.
     """
-    nc._process_pong = types.MethodType(_process_pong, nc)  # type: ignore[method-assign]
+    if isinstance(getattr(nc, "_pongs", None), list) and hasattr(nc, "_pongs_received"):
+        nc._process_pong = types.MethodType(_process_pong, nc)  # type: ignore[method-assign]
+    # else a nats-py whose internals moved on (where the fix may have landed): left alone
 
 
 async def _process_pong(nc: NATS) -> None:

@@ -9,36 +9,19 @@ nats://127.0.0.1:4222) with fresh random queue names; skipped when none answers 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 from unittest import mock
 
 import nats.js.errors
 import pytest
+from _nats import URL, nats_backend  # noqa: F401  (the fixture ``backend``)
 
 import brokerkit
 from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
 from brokerkit.backends.nats import NatsBackend
-
-URL = os.environ.get("BROKERKIT_NATS_URL", "nats://127.0.0.1:4222")
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[NatsBackend]:
-    b = NatsBackend.from_url(brokerkit.BrokerURL.parse(URL))
-    try:
-        await b.open()
-    except brokerkit.BrokerUnavailable:
-        await b.aclose()
-        pytest.skip("no NATS server at the test URL")
-    try:
-        yield b
-    finally:
-        await b.aclose()
 
 
 async def take(r: Receiver[Any], n: int) -> list[Delivery[Any]]:

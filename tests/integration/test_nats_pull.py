@@ -4,33 +4,16 @@
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
+from _nats import nats_backend  # noqa: F401  (the fixture ``backend``)
 
 import brokerkit
 from brokerkit.backends import QueueRef, ReceiverSettings
 from brokerkit.backends.nats import NatsBackend
 
-URL = os.environ.get("BROKERKIT_NATS_URL", "nats://127.0.0.1:4222")
 PULL = "$JS.API.CONSUMER.MSG.NEXT."
-
-
-@pytest.fixture
-async def backend() -> AsyncIterator[NatsBackend]:
-    b = NatsBackend.from_url(brokerkit.BrokerURL.parse(URL))
-    try:
-        await b.open()
-    except brokerkit.BrokerUnavailable:
-        await b.aclose()
-        pytest.skip("no NATS server at the test URL")
-    try:
-        yield b
-    finally:
-        await b.aclose()
 
 
 async def test_a_zero_wait_receive_takes_one_look_on_an_idle_queue(backend: NatsBackend) -> None:

@@ -17,14 +17,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from brokerkit._app import App
 from brokerkit._broker import DEFAULT_GROUP, Broker, connect
 from brokerkit._consumer import Message
+from brokerkit._message import Outgoing
+from brokerkit.backends.base import Delivery, PublishCopy, Receiver
 
-__all__ = ["assert_dead_lettered", "fresh_broker", "memory_url", "run_until_idle", "take_one"]
+__all__ = [
+    "ForwardingReceiver",
+    "assert_dead_lettered",
+    "fresh_broker",
+    "memory_url",
+    "run_until_idle",
+    "take_one",
+]
 
 
 def memory_url(prefix: str = "test") -> str:
@@ -91,3 +101,36 @@ async def assert_dead_lettered(
     if reason is not None and reason not in info.reason:
         raise AssertionError(f"dead-letter reason {info.reason!r} does not contain {reason!r}")
     return msg
+
+
+class ForwardingReceiver(Receiver[Any]):
+    """A receiver that passes every verb to ``inner``, for test doubles of a backend:
+    subclass it and override only the verb the double changes (a fault, a slow reply,
+    acks recorded late), e.g. around ``await backend.subscribe(...)`` in a ``Backend``
+    subclass handed to ``brokerkit.from_backend``."""
+
+    def __init__(self, inner: Receiver[Any]) -> None:
+        self.inner = inner
+
+    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
+        return await self.inner.receive(max_messages, wait)
+
+    async def ack(self, delivery: Delivery[Any]) -> None:
+        await self.inner.ack(delivery)
+
+    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
+        await self.inner.nack(delivery, delay)
+
+    async def dead_letter(
+        self, delivery: Delivery[Any], copy: Outgoing, publish: PublishCopy
+    ) -> None:
+        await self.inner.dead_letter(delivery, copy, publish)
+
+    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
+        await self.inner.extend(delivery, ack_timeout)
+
+    async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
+        await self.inner.release(deliveries)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

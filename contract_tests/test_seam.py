@@ -25,6 +25,7 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
 )
+from brokerkit.testing import ForwardingReceiver
 
 from ._helpers import (
     WAIT,
@@ -87,37 +88,7 @@ async def test_seam_receiver_refuses_a_stale_settle_after_redelivery(
         assert again is None, f"acked through the seam, delivered again: {again!r}"
 
 
-class _Forwarding(Receiver[Any]):
-    """A receiver that forwards every call to the URL's own receiver."""
-
-    def __init__(self, inner: Receiver[Any]) -> None:
-        self.inner = inner
-
-    async def receive(self, max_messages: int, wait: float) -> list[Delivery[Any]]:
-        return await self.inner.receive(max_messages, wait)
-
-    async def ack(self, delivery: Delivery[Any]) -> None:
-        await self.inner.ack(delivery)
-
-    async def nack(self, delivery: Delivery[Any], delay: float) -> None:
-        await self.inner.nack(delivery, delay)
-
-    async def dead_letter(
-        self, delivery: Delivery[Any], copy: brokerkit.Outgoing, publish: PublishCopy
-    ) -> None:
-        await self.inner.dead_letter(delivery, copy, publish)
-
-    async def extend(self, delivery: Delivery[Any], ack_timeout: float) -> None:
-        await self.inner.extend(delivery, ack_timeout)
-
-    async def release(self, deliveries: Sequence[Delivery[Any]]) -> None:
-        await self.inner.release(deliveries)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class _LaxReceiver(_Forwarding):
+class _LaxReceiver(ForwardingReceiver):
     """Never says LeaseExpired: the facade alone must notice a lost lease."""
 
     async def ack(self, delivery: Delivery[Any]) -> None:
@@ -139,7 +110,7 @@ class _LaxReceiver(_Forwarding):
             await self.inner.extend(delivery, ack_timeout)
 
 
-class _SlowReplyReceiver(_Forwarding):
+class _SlowReplyReceiver(ForwardingReceiver):
     """Its receive leases, then waits for the reply: exactly as cancellation-safe as the
     seam demands (a cancel after the lease loses the batch until the lease ends)."""
 
@@ -153,7 +124,7 @@ class _SlowReplyReceiver(_Forwarding):
 class _Wrapped(Backend):
     """The URL's own backend, its receivers wrapped in ``receiver``."""
 
-    def __init__(self, inner: Backend, receiver: type[_Forwarding]) -> None:
+    def __init__(self, inner: Backend, receiver: type[ForwardingReceiver]) -> None:
         self.inner = inner
         self.receiver = receiver
         self.capabilities = inner.capabilities
@@ -182,7 +153,7 @@ class _Wrapped(Backend):
         return self.receiver(await self.inner.subscribe(queue, group, settings))
 
 
-def _wrapped(broker_url: str, receiver: type[_Forwarding]) -> brokerkit.Broker:
+def _wrapped(broker_url: str, receiver: type[ForwardingReceiver]) -> brokerkit.Broker:
     inner = brokerkit.connect(broker_url).backend  # unopened; the wrapper opens it
     return brokerkit.from_backend(_Wrapped(inner, receiver))
 

@@ -14,15 +14,14 @@ import logging
 from typing import Any
 
 import pytest
-from _forwarding import Forwarding
 
 import brokerkit
 from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
 from brokerkit.backends.memory import MemoryBackend
-from brokerkit.testing import memory_url
+from brokerkit.testing import ForwardingReceiver, memory_url
 
 
-class _Down(Forwarding):
+class _Down(ForwardingReceiver):
     """memory://'s receiver; its receives fail while ``down`` (counted in ``failed``)."""
 
     def __init__(self, inner: Receiver[Any]) -> None:

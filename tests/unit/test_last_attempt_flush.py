@@ -17,18 +17,16 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from _forwarding import Forwarding
-
 import brokerkit
 from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
 from brokerkit.backends.memory import MemoryBackend
-from brokerkit.testing import memory_url
+from brokerkit.testing import ForwardingReceiver, memory_url
 
 FLUSH_INTERVAL = 0.2
 """The coalescing window the backend declares: what the facade used to sleep."""
 
 
-class _Coalescing(Forwarding):
+class _Coalescing(ForwardingReceiver):
     """memory://'s receiver whose acks are recorded only by ``flush_acks`` (or close)."""
 
     def __init__(self, inner: Receiver[Any]) -> None:

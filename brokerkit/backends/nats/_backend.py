@@ -20,7 +20,6 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
-    PubAck,
     ReplayPolicy,
     RetentionPolicy,
     StorageType,
@@ -42,6 +41,7 @@ from brokerkit.backends import (
     QueueRef,
     QueueStats,
     ReceiverSettings,
+    ResourceClosed,
     parse_options,
     retry_unavailable,
 )
@@ -51,6 +51,7 @@ from brokerkit.backends.nats._inspect import browse_stream, stats_stream
 from brokerkit.backends.nats._layout import HEADER_ROOM, QueueLayout, encode_headers
 from brokerkit.backends.nats._link import NatsLink, survive_late_pongs
 from brokerkit.backends.nats._options import NatsOptions
+from brokerkit.backends.nats._publisher import Ack, Item, JetStreamPublisher
 from brokerkit.backends.nats._receiver import NatsReceiver
 
 __all__ = ["NatsBackend"]
@@ -154,6 +155,7 @@ class NatsBackend(Backend):
             )
         nc = link.nc
         survive_late_pongs(nc)
+        link.publisher = JetStreamPublisher(nc)
         if not link.hosts and nc.connected_url is not None:
             u = nc.connected_url
             link.hosts = (HostPort(u.hostname or "localhost", u.port),)
@@ -225,6 +227,9 @@ class NatsBackend(Backend):
             task.cancel()
         self._streams.clear()
         nc, link.nc, link.js_context = link.nc, None, None
+        publisher, link.publisher = link.publisher, None
+        if publisher is not None:
+            await publisher.aclose()
         if nc is None or nc.is_closed:
             return
         if self._owns_client:
@@ -406,7 +411,8 @@ class NatsBackend(Backend):
     # -- publishing ---------------------------------------------------------------------
 
     async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """publish -> js.publish_async each (Nats-Msg-Id = dedup_id), one wait for all PubAcks.
+        """publish -> pipelined JetStream publishes (Nats-Msg-Id = dedup_id), one wait for all
+        PubAcks (``JetStreamPublisher``).
 
         MessageTooLarge before anything is sent when a body exceeds what the server takes
         (its max_payload minus header room, when that is below ``max_message_bytes``).
@@ -429,31 +435,15 @@ class NatsBackend(Backend):
             if isinstance(exc.__cause__, nats.js.errors.NoStreamResponseError):
                 self._forget_stream(queue)
             raise
-        return [PublishResult(str(a.seq), duplicate=bool(a.duplicate)) for a in acks]
+        return [PublishResult(str(seq), duplicate=duplicate) for seq, duplicate in acks]
 
-    async def _publish_raw(
-        self, items: Sequence[tuple[str, bytes, dict[str, str] | None]], *, what: str
-    ) -> list[PubAck]:
+    async def _publish_raw(self, items: Sequence[Item], *, what: str) -> list[Ack]:
         """Pipelined JetStream publishes in order; returns once every PubAck is in."""
-        js = self.link.js
-        futures: list[asyncio.Future[PubAck]] = []
+        publisher = self.link.publisher
+        if publisher is None or self.link.nc is None:
+            raise ResourceClosed("the NATS backend is not open")
         with self.link.errors(what):
-            try:
-                for subject, body, headers in items:
-                    futures.append(await js.publish_async(subject, body, headers=headers))
-                pending: set[asyncio.Future[PubAck]] = set(futures)
-                while pending:
-                    # the timeout restarts whenever acks make progress: big batches are fine
-                    done, pending = await asyncio.wait(
-                        pending, timeout=self.options.request_timeout
-                    )
-                    if not done:
-                        raise nats.errors.TimeoutError
-                return [f.result() for f in futures]
-            finally:
-                for f in futures:
-                    if not f.done():
-                        f.cancel()
+            return await publisher.publish(items, self.options.request_timeout)
 
     async def subscribe(
         self, queue: QueueRef, group: str, settings: ReceiverSettings

@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from brokerkit.backends import ErrorMap, HostPort, Receiver, ResourceClosed
 from brokerkit.backends.nats._errors import BEST_EFFORT, error_map
 from brokerkit.backends.nats._options import NatsOptions
+from brokerkit.backends.nats._publisher import JetStreamPublisher
 
 __all__ = ["NatsLink", "survive_late_pongs"]
 
@@ -34,6 +35,7 @@ class NatsLink:
         "js_context",
         "nc",
         "options",
+        "publisher",
         "receivers",
         "server_version",
     )
@@ -51,6 +53,8 @@ class NatsLink:
         self.body_limit: int | None = None
         """Largest body this server takes, when it is below ``max_message_bytes`` (else None)."""
         self.receivers: set[Receiver[Any]] = set()
+        self.publisher: JetStreamPublisher | None = None
+        """The connection's pipelined publishes (made when the backend opens)."""
         self._errors: dict[str, ErrorMap] = {}
 
     @property

@@ -1,6 +1,6 @@
 """The facade's own cost per message, in front of a receiver that does nothing.
 
-    python benchmarks/bench_facade.py [--rounds 15] [--messages 50000]
+    python benchmarks/bench_facade.py [--rounds 15] [--messages 50000] [--publish]
 
 No broker: a stand-in ``Receiver`` hands out ready-made deliveries (500 per receive)
 and settles nothing. Two loops, interleaved round by round:
@@ -12,6 +12,15 @@ and settles nothing. Two loops, interleaved round by round:
 Prints the medians in microseconds per message and the facade's overhead (the median of
 the per-round differences). A backend cannot be faster per message than the facade loop:
 this is the floor under every ``consume+ack`` ratio of the other scripts.
+
+``--publish``: the publish side instead, in front of a backend whose ``publish`` yields
+to the loop once and returns ready-made results: ``publish_many(500)`` from one task,
+against 500 tasks each awaiting single ``publish()`` calls (gathered by the coalescer).
+The difference is what the core adds per single call (building and validating the
+message, the caller's future and its wake-up, the caller's own loop): with a backend
+that costs ``c`` µs per message in batches, concurrent single publishes reach at most
+about ``c / (c + difference)`` of ``publish_many`` while the loop is the limit
+(``bench_concurrent_publish.py`` measures that ratio on a real broker).
 """
 
 from __future__ import annotations
@@ -73,12 +82,52 @@ class _NoOpBackend(Backend):
         return cls()
 
     async def publish(self, queue: QueueRef, messages: Sequence[Any]) -> list[Any]:
-        raise NotImplementedError
+        await asyncio.sleep(0)  # a broker call yields to the loop once
+        return _RESULTS[: len(messages)]  # calls here carry at most 500
 
     async def subscribe(
         self, queue: QueueRef, group: str, settings: ReceiverSettings
     ) -> _NoOpReceiver:
         return _NoOpReceiver()
+
+
+_RESULTS = [brokerkit.PublishResult(str(i)) for i in range(500)]
+
+
+async def publish_many_loop(count: int) -> float:
+    batch = [brokerkit.Outgoing(BODY) for _ in range(500)]
+    async with brokerkit.from_backend(_NoOpBackend()) as broker:
+        started = time.perf_counter()
+        for _ in range(count // 500):
+            await broker.publish_many("q", batch)
+        return (time.perf_counter() - started) / (count // 500 * 500) * 1e6
+
+
+async def single_publish_loop(count: int, tasks: int = 500) -> float:
+    async with brokerkit.from_backend(_NoOpBackend()) as broker:
+        await broker.publish("q", BODY)  # the queue's coalescer made outside the clock
+
+        async def caller(n: int) -> None:
+            for _ in range(n):
+                await broker.publish("q", BODY)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(caller(count // tasks) for _ in range(tasks)))
+        return (time.perf_counter() - started) / (count // tasks * tasks) * 1e6
+
+
+async def publish_main(rounds: int, messages: int) -> None:
+    many: list[float] = []
+    single: list[float] = []
+    for _ in range(rounds):
+        many.append(await publish_many_loop(messages))
+        single.append(await single_publish_loop(messages))
+    over = statistics.median(s - m for s, m in zip(single, many, strict=True))
+    print(f"{rounds} rounds, {messages} messages, us per message (medians)")
+    print(f"  publish_many(500)        {statistics.median(many):6.2f}")
+    print(f"  500 tasks x publish()    {statistics.median(single):6.2f}")
+    print(f"  added per single call    {over:6.2f}")
+    print(f"  a backend needs >= {4 * over:.1f} us per message in batches for 0.8")
 
 
 async def facade_loop(count: int) -> float:
@@ -104,7 +153,11 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--publish", action="store_true", help="the publish side instead")
     args = parser.parse_args()
+    if args.publish:
+        await publish_main(args.rounds, args.messages)
+        return
     facade: list[float] = []
     bare: list[float] = []
     for _ in range(args.rounds):

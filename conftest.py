@@ -15,6 +15,7 @@ import faulthandler
 import gc
 import os
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -54,6 +55,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = broker_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker under ``--dist loadgroup``: every grouped test must carry its
+    group in its node id (``…@redis``), which is how xdist's scheduler sees the group.
+    pytest 9.2 silently broke that with xdist 3.8 (pytest-dev/pytest-xdist#1386): tests
+    of one broker then ran on both workers at once. Refuse to run so, loudly."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not session.config.getvalue("loadgroup"):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid
+    ]
+    if lost:
+        text = (
+            f"--dist loadgroup is not grouping: {len(lost)} tests marked xdist_group have no "
+            f"group in their node id (e.g. {lost[0]}); pytest {pytest.__version__} with this "
+            "pytest-xdist drops the groups (pytest-dev/pytest-xdist#1386): install pytest<9.2"
+        )
+        # xdist turns a worker's error here into an opaque INTERNALERROR: say it first
+        print(f"!! {text}", file=sys.__stderr__, flush=True)
+        raise pytest.UsageError(text)
 
 
 # A test that hangs must fail with a report, not stall CI until its hard limit:

@@ -56,9 +56,16 @@ SECRET = f"pw{uuid.uuid4().hex[:16]}"  # random, so any occurrence is a leak
 USER = "bkuser"
 RUN_TIMEOUT = 150.0
 REDIS_SERVER = shutil.which("redis-server")
-pytestmark = pytest.mark.skipif(
-    REDIS_SERVER is None, reason="no redis-server binary on PATH to run a throwaway server"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        REDIS_SERVER is None, reason="no redis-server binary on PATH to run a throwaway server"
+    ),
+    # one xdist worker for the whole file: the ``runs`` and ``ports`` fixtures are
+    # module-scoped, and with the tests spread over both workers each worker ran every
+    # subprocess (72 of them) and started its own throwaway servers: twice the work,
+    # ~110 s on each worker in CI
+    pytest.mark.xdist_group("no-credentials"),
+]
 
 
 def _nats_binary() -> str | None:

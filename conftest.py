@@ -63,7 +63,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     group in its node id (``…@redis``), which is how xdist's scheduler sees the group.
     pytest 9.2 silently broke that with xdist 3.8 (pytest-dev/pytest-xdist#1386): tests
     of one broker then ran on both workers at once. Refuse to run so, loudly."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") or not session.config.getvalue("loadgroup"):
+    # a worker has ``workerinput``; a subprocess a test starts inherits only its environment
+    if not hasattr(session.config, "workerinput"):
+        return
+    if not getattr(session.config.option, "loadgroup", False):
         return
     lost = [
         item.nodeid

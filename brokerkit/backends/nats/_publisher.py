@@ -168,8 +168,7 @@ class JetStreamPublisher:
         call.left -= 1
         if not call.left and not call.future.done():
             call.future.set_result(None)
-        if self._room is not None and len(self._waiting) < MAX_PENDING:
-            self._room.set()
+        self._made_room()
 
     async def aclose(self) -> None:
         """Fail the calls still waiting (ResourceClosed-like: the connection is closing)

@@ -35,6 +35,7 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
 )
+from brokerkit.backends.nats._ackreply import AckReply, ack_reply
 from brokerkit.backends.nats._attempts import AttemptBook
 from brokerkit.backends.nats._errors import BEST_EFFORT
 from brokerkit.backends.nats._layout import QueueLayout, decode_headers
@@ -120,7 +121,7 @@ class NatsReceiver(Receiver[Lease]):
         self._slot_of = {name: s for s, name in enumerate(names)}
         self._next_subject = [f"$JS.API.CONSUMER.MSG.NEXT.{layout.stream}.{n}" for n in names]
         self._pulls: list[_Pull | None] = [None] * slots
-        self._buffer: deque[tuple[float, Msg]] = deque()
+        self._buffer: deque[tuple[float, Msg, AckReply]] = deque()
         self._arrived = asyncio.Event()
         self._serials = itertools.count(1)
         self._inbox = ""
@@ -163,16 +164,17 @@ class NatsReceiver(Receiver[Lease]):
         status = headers.get(_STATUS) if headers and not msg.data else None
         if status is None:
             try:
-                slot = self._slot_of.get(msg.metadata.consumer, -1)
+                reply = ack_reply(msg)
             except (nats.errors.Error, ValueError, IndexError):
                 return  # not a JetStream delivery: nothing to settle, nothing to hand out
+            slot = self._slot_of.get(reply.consumer, -1)
             pull = self._pulls[slot] if slot >= 0 else None
             if pull is not None:
                 pull.remaining -= 1
                 if pull.remaining <= 0:
                     self._pulls[slot] = None
             quiet = self._quiet_since
-            self._buffer.append((now if quiet is None else min(now, quiet), msg))
+            self._buffer.append((now if quiet is None else min(now, quiet), msg, reply))
             self._arrived.set()
             return
         if status == _HEARTBEAT:
@@ -243,25 +245,25 @@ class NatsReceiver(Receiver[Lease]):
         now = asyncio.get_running_loop().time()
         stale = self._settings.ack_timeout * _STALE_FRACTION
         lease = self._settings.ack_timeout
-        taken: list[tuple[float, Msg]] = []
+        taken: list[tuple[float, Msg, AckReply]] = []
         out: list[Delivery[Lease]] = []
         again: list[int] = []  # indexes of redeliveries: their attempt is in the book
         unseen: list[tuple[float, Msg]] = []
         while self._buffer and len(out) < max_messages:
-            arrived, msg = self._buffer.popleft()
+            arrived, msg, reply = entry = self._buffer.popleft()
             if now - arrived > stale:
                 unseen.append((arrived, msg))  # its server lease is nearly over
                 continue
-            taken.append((arrived, msg))
+            taken.append(entry)
             refresh = now - arrived > _REFRESH_AFTER
-            delivery = self._delivery(msg, (now if refresh else arrived) + lease)
+            delivery = self._delivery(msg, reply, (now if refresh else arrived) + lease)
             if delivery.attempt > 1 and self._book is not None:
                 again.append(len(out))
             out.append(delivery)
         try:
             if unseen:
                 await self._give_back_unseen(unseen, now)
-            for arrived, msg in taken:
+            for arrived, msg, _ in taken:
                 if now - arrived > _REFRESH_AFTER:
                     await msg.in_progress()
             if again:
@@ -281,26 +283,25 @@ class NatsReceiver(Receiver[Lease]):
             out[i] = dataclasses.replace(out[i], attempt=count + 2)
         await self._book.record([(seq, c + 1) for seq, c in zip(seqs, counts, strict=True)])
 
-    def _delivery(self, msg: Msg, deadline: float) -> Delivery[Lease]:
-        md = msg.metadata
+    def _delivery(self, msg: Msg, reply: AckReply, deadline: float) -> Delivery[Lease]:
         try:
             user, fifo_group, msg_id = decode_headers(msg.headers)
         except ValueError:  # not published by brokerkit: pass its headers through
             user, fifo_group, msg_id = dict(msg.headers or {}), None, None
         return Delivery(
-            id=str(md.sequence.stream),
+            id=str(reply.stream_seq),
             body=msg.data,
             headers=user,
             fifo_group=fifo_group,
             dedup_id=None if self._dead_letters else msg_id,
-            attempt=md.num_delivered,
+            attempt=reply.num_delivered,
             receipt=new_lease(msg, deadline),
             extras={
-                "stream": md.stream,
-                "consumer": md.consumer,
-                "stream_sequence": md.sequence.stream,
-                "consumer_sequence": md.sequence.consumer,
-                "num_pending": md.num_pending,
+                "stream": reply.stream,
+                "consumer": reply.consumer,
+                "stream_sequence": reply.stream_seq,
+                "consumer_sequence": reply.consumer_seq,
+                "num_pending": reply.num_pending,
             },
         )
 
@@ -472,14 +473,14 @@ class NatsReceiver(Receiver[Lease]):
                 return
             loop = asyncio.get_running_loop()
             if self._buffer and not link.drain_pulls:  # what comes back lands in the buffer
-                buffered, self._buffer = list(self._buffer), deque()
+                buffered, self._buffer = [(at, m) for at, m, _ in self._buffer], deque()
                 await self._give_back_unseen(buffered, loop.time())
             if link.drain_pulls or self._naked_since_pulls_began():
                 await self._await_pulls_ended()
             sub, self._sub = self._sub, None
             if sub is not None:
                 await self._link.drain_inbox(sub, max(1.0, self._request_timeout))
-            buffered, self._buffer = list(self._buffer), deque()
+            buffered, self._buffer = [(at, m) for at, m, _ in self._buffer], deque()
             await self._give_back_unseen(buffered, loop.time())
             await nc.flush(timeout=max(1, int(self._request_timeout)))
         except BEST_EFFORT:

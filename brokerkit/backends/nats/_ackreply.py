@@ -3,8 +3,8 @@
 A delivery's reply subject is ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
 <consumer seq>.<timestamp>.<pending>``. nats-py's ``Msg.metadata`` parses it into two
 dataclasses and a ``datetime`` for every message (~11 % of a consumer's CPU under the
-profiler); the receiver needs six fields of it, once per delivery. The longer form (a
-domain and an account hash) is left to nats-py.
+profiler); the receiver needs six fields of it, once per delivery, and reads every one
+of them here. The longer form (a domain and an account hash) is left to nats-py.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
+from brokerkit.backends.nats._ackreply import ack_reply
 from brokerkit.backends.nats._layout import QueueLayout
 from brokerkit.backends.nats._link import NatsLink
 
@@ -72,9 +73,8 @@ class AttemptBook:
 
     async def uncount_first(self, msgs: Sequence[Msg]) -> None:
         """First deliveries given back unseen: record -1, so the next is attempt 1 again."""
-        await self.record(
-            [(m.metadata.sequence.stream, -1) for m in msgs if m.metadata.num_delivered == 1]
-        )
+        replies = [ack_reply(m) for m in msgs]
+        await self.record([(r.stream_seq, -1) for r in replies if r.num_delivered == 1])
 
     async def record(self, items: Sequence[tuple[int, int]]) -> None:
         """Write (stream sequence, count) each; returns once the server stored them all."""

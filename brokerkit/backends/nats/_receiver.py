@@ -372,7 +372,7 @@ class NatsReceiver(Receiver[Lease]):
         from it; ``aclose`` keeps the inbox until every request has ended.
         """
         if self._link.drain_pulls:
-            slot = self._slot_of.get(msg.metadata.consumer, -1)
+            slot = self._slot_of.get(ack_reply(msg).consumer, -1)
             pull = self._pulls[slot] if slot >= 0 else None
             if pull is not None:
                 left = pull.expires_at + _EXPIRY_GRACE - asyncio.get_running_loop().time()
@@ -432,7 +432,7 @@ class NatsReceiver(Receiver[Lease]):
         advisories) that the message was given up, not processed.
         """
         msg = self._held(delivery, "dead-letter")
-        seq = msg.metadata.sequence.stream
+        seq = ack_reply(msg).stream_seq
         await publish(dataclasses.replace(copy, dedup_id=f"{self._group}:{seq}"))
         with self._on_dead:
             await msg.term()

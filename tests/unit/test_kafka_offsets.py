@@ -8,6 +8,7 @@ pytest.importorskip("confluent_kafka")
 
 from brokerkit.backends import BrokerURL, ConfigError
 from brokerkit.backends.kafka import KafkaBackend
+from brokerkit.backends.kafka._link import FETCH_QUEUE_BACKOFF_MS
 from brokerkit.backends.kafka._offsets import (
     SETTLED,
     OffsetState,
@@ -98,6 +99,14 @@ def test_linger_option_sets_the_producers_linger_and_keeps_the_contracts_setting
     assert keyword.producer_config()["linger.ms"] == 5.0
     with pytest.raises(ConfigError, match=r"linger\.ms"):
         KafkaBackend.from_client({"bootstrap.servers": "k1", "linger.ms": "soon"})
+
+
+def test_consumers_fetch_again_soon_after_a_full_queue_unless_the_user_says_otherwise() -> None:
+    # librdkafka's default (1 s) stalled a busy consumer reading a backlog (docs/backends/kafka.md)
+    default = KafkaBackend.from_url(BrokerURL.parse("kafka://h1")).link.consumer_config("g")
+    assert default["fetch.queue.backoff.ms"] == FETCH_QUEUE_BACKOFF_MS == 10
+    own = KafkaBackend.from_client({"bootstrap.servers": "k1", "fetch.queue.backoff.ms": 500})
+    assert own.link.consumer_config("g")["fetch.queue.backoff.ms"] == 500
 
 
 def test_the_error_table_maps_driver_errors_to_one_hierarchy_and_keeps_the_cause() -> None:

@@ -13,7 +13,8 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
   the next is produced): the raw equivalent of an awaited ``publish_many(500)``, which
   returns only confirmed ids. For information, beside raw pub's best case.
 * raw con: a new group reads the N: ``consume(500, 1.0)`` + ``commit(asynchronous=False)``
-  of the position after every batch; no per-message work beyond ``error()``. Clock from
+  of the position after every batch; no per-message work beyond ``error()``; librdkafka's
+  defaults except ``fetch.queue.backoff.ms``, set as brokerkit sets it. Clock from
   the first message to the last.
 * raw con/store: as raw con, plus per message ``value()`` and ``store_offsets(msg)``
   (librdkafka's own per-message "ack") and a synchronous commit of the stored offsets
@@ -113,6 +114,9 @@ def raw_consume(servers: str, topic: str, n: int, *, store_each: bool = False) -
     ``store_each``: also read each value and ``store_offsets`` it, the closest raw
     equivalent of a per-message ack.
     """
+    # here, not at the top: ab_kafka_recv.py imports this script beside older trees
+    from brokerkit.backends.kafka._link import FETCH_QUEUE_BACKOFF_MS
+
     consumer = Consumer(
         {
             "bootstrap.servers": servers,
@@ -120,6 +124,10 @@ def raw_consume(servers: str, topic: str, n: int, *, store_each: bool = False) -
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "enable.auto.offset.store": not store_each,
+            # as brokerkit's consumers: with librdkafka's 1 s default, a raw loop reading
+            # a backlog of ~100 000 or more stalls for up to a second each time its local
+            # queue was full (docs/backends/kafka.md, "Backlog")
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         }
     )
     consumer.subscribe([topic])

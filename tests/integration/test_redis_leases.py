@@ -10,7 +10,6 @@ server side is observed with a raw client on the documented key layout
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,12 +18,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from _redis import opened_backend, url_with
 
 import brokerkit
 from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
 from brokerkit.backends.redis_streams import RedisBackend
 
-BASE_URL = os.environ.get("BROKERKIT_REDIS_URL", "redis://127.0.0.1:6379/0")
 SYNC_ACKS = "ack_flush_interval=0"  # every ack is its own call, answered before ack returns
 
 
@@ -54,14 +53,7 @@ class Env:
 
 
 async def _env(query: str) -> AsyncIterator[Env]:
-    sep = "&" if "?" in BASE_URL else "?"
-    url = brokerkit.BrokerURL.parse(f"{BASE_URL}{sep}{query}" if query else BASE_URL)
-    backend = RedisBackend.from_url(url)
-    try:
-        await backend.open()
-    except brokerkit.BrokerUnavailable:
-        await backend.aclose()
-        pytest.fail(f"no Redis at {url.redacted()}", pytrace=False)  # mandatory: never a skip
+    backend = await opened_backend(url_with(query))
     raw = aioredis.Redis(connection_pool=backend.client.connection_pool)
     queue = QueueRef(f"t-lease-{uuid.uuid4().hex[:10]}")
     try:

@@ -7,6 +7,7 @@ toolkit's ``retry_unavailable`` (BrokerUnavailable naming host:port once it give
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -21,6 +22,7 @@ from brokerkit.backends import (
     HostPort,
     retry_unavailable,
 )
+from brokerkit.backends.redis_streams._deadlines import CallDeadlines
 
 __all__ = ["MAPPED", "PATIENT_ATTEMPTS", "Runner", "error_map", "is_transient", "refusal_code"]
 
@@ -83,17 +85,29 @@ class Runner:
     Every driver error leaves through the backend's ``ErrorMap``; BrokerUnavailable
     (naming host:port) once the retry gives up. ``heard`` is when Redis last answered a
     call (monotonic clock): the evidence a coalesced ack needs that the path still works.
+
+    ``timeout`` bounds each try of a call (plus ``wait``, the time a blocking command
+    may wait server-side; cut at most a quarter of ``timeout`` later, see
+    ``CallDeadlines``): the client made by ``from_url`` has no per-read socket timeout,
+    so a Redis that stops answering is noticed here. A try that runs out raises
+    ``TimeoutError``, an ``OSError``: transient, like a socket timeout.
     """
 
-    __slots__ = ("errors", "heard", "hosts")
+    __slots__ = ("_deadlines", "errors", "heard", "hosts", "timeout")
 
-    def __init__(self, hosts: Sequence[HostPort]) -> None:
+    def __init__(self, hosts: Sequence[HostPort], timeout: float | None) -> None:
         self.hosts = tuple(hosts)
         self.errors = error_map(self.hosts)
         self.heard = 0.0
+        self.timeout = timeout
+        self._deadlines = CallDeadlines(timeout / 4 if timeout is not None else 1.0)
 
-    async def __call__(self, operation: Callable[[], Awaitable[T]], *, patient: bool = False) -> T:
+    async def __call__(
+        self, operation: Callable[[], Awaitable[T]], *, patient: bool = False, wait: float = 0.0
+    ) -> T:
         """Run ``operation``; ``patient`` retries for the whole deadline (10 s), else 5 tries."""
+        if self.timeout is not None:
+            operation = functools.partial(self._deadlines.run, operation, self.timeout + wait)
         with self.errors:
             try:
                 result = await operation()

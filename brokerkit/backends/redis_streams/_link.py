@@ -50,16 +50,17 @@ class RedisLink:
         self.options = options
         self.hosts = tuple(hosts)
         self.keys = Keys(options.prefix)
-        self.run = Runner(self.hosts)
+        self.run = Runner(self.hosts, options.socket_timeout)
         self.scripts = SCRIPTS
         self._groups: set[tuple[str, str]] = set()
 
     def where(self) -> str:
         return ", ".join(str(h) for h in self.hosts) or "redis"
 
-    async def command(self, *args: Any, patient: bool = False) -> Any:
-        """Run one Redis command through the one error-mapping path (``Runner``)."""
-        return await self.run(lambda: command(self.client, *args), patient=patient)
+    async def command(self, *args: Any, patient: bool = False, wait: float = 0.0) -> Any:
+        """Run one Redis command through the one error-mapping path (``Runner``); ``wait``:
+        how long it may block server-side (``XREAD BLOCK``), on top of ``socket_timeout``."""
+        return await self.run(lambda: command(self.client, *args), patient=patient, wait=wait)
 
     async def script(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, patient: bool = False

@@ -30,6 +30,8 @@ class RedisOptions(Options):
     """Longest blocking read: bounds how late a lease expiry taken elsewhere is noticed."""
     connect_timeout: float = Field(default=5.0, gt=0, le=300)
     socket_timeout: float = Field(default=10.0, gt=0, le=3600)
+    """Longest one try of a Redis call may take (a blocking read: beyond its own wait);
+    past it the connection is dropped and the call retried (then BrokerUnavailable)."""
     ssl_ca_certs: str | None = None
     """rediss:// only: CA bundle to verify the server with."""
     ssl_cert_reqs: Literal["required", "optional", "none"] = "required"

@@ -228,6 +228,7 @@ class RedisReceiver(Receiver[Receipt]):
             self._bell,
             *cursors,
             patient=True,
+            wait=block,
         )
 
     async def _maybe_trim(self, now: float) -> None:

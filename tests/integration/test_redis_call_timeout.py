@@ -38,7 +38,7 @@ async def test_a_call_that_outlasts_socket_timeout_is_cut_and_no_later_call_read
     key = f"t-timeout-{uuid.uuid4().hex[:10]}"
     link = backend.link
     # answers (nil) after 0.6 s: every try is cut at 0.2 s (+ a tick), so the call gives up
-    # (uncut, it would return None); the unit tests time the cut (test_redis_deadlines.py)
+    # (uncut, it would return None); the unit tests time the cut (test_redis_call_deadlines.py)
     with pytest.raises(brokerkit.BrokerUnavailable, match="did not answer"):
         await link.command("BLPOP", key, 0.6)
     # the cut connections were dropped: every later call reads its own reply, never a late nil

@@ -22,7 +22,7 @@ from brokerkit.backends import (
     HostPort,
     retry_unavailable,
 )
-from brokerkit.backends.redis_streams._deadlines import CallDeadlines
+from brokerkit.backends.redis_streams._call_deadlines import CallDeadlines
 
 __all__ = ["MAPPED", "PATIENT_ATTEMPTS", "Runner", "error_map", "is_transient", "refusal_code"]
 
@@ -95,19 +95,18 @@ class Runner:
 
     __slots__ = ("_deadlines", "errors", "heard", "hosts", "timeout")
 
-    def __init__(self, hosts: Sequence[HostPort], timeout: float | None) -> None:
+    def __init__(self, hosts: Sequence[HostPort], timeout: float) -> None:
         self.hosts = tuple(hosts)
         self.errors = error_map(self.hosts)
         self.heard = 0.0
         self.timeout = timeout
-        self._deadlines = CallDeadlines(timeout / 4 if timeout is not None else 1.0)
+        self._deadlines = CallDeadlines(timeout / 4)
 
     async def __call__(
         self, operation: Callable[[], Awaitable[T]], *, patient: bool = False, wait: float = 0.0
     ) -> T:
         """Run ``operation``; ``patient`` retries for the whole deadline (10 s), else 5 tries."""
-        if self.timeout is not None:
-            operation = functools.partial(self._deadlines.run, operation, self.timeout + wait)
+        operation = functools.partial(self._deadlines.run, operation, self.timeout + wait)
         with self.errors:
             try:
                 result = await operation()

@@ -1,4 +1,5 @@
-"""Deadlines for Redis calls, kept by one timer: ``CallDeadlines``.
+"""Deadlines of Redis calls, kept by one timer: ``CallDeadlines`` (not the RabbitMQ
+receiver's lease ``Deadlines``).
 
 redis-py's own ``socket_timeout`` starts an event-loop timer around every reply it reads:
 ~4.5 µs each, half the time of a pipeline of 500 commands. An ``asyncio.timeout`` per
@@ -40,8 +41,7 @@ class CallDeadlines:
         """``operation()``; ``TimeoutError`` if it is still running ``seconds`` from now
         (cut at most one tick later)."""
         task = asyncio.current_task()
-        if task is None:  # not in a task: nothing to cancel, so no deadline
-            return await operation()
+        assert task is not None  # awaited code runs in a task
         loop = asyncio.get_running_loop()
         call = next(self._ids)
         self._calls[call] = (task, loop.time() + seconds)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from brokerkit.backends.redis_streams._deadlines import CallDeadlines
+from brokerkit.backends.redis_streams._call_deadlines import CallDeadlines
 
 
 async def _answer_after(seconds: float, value: str = "late") -> str:
@@ -50,7 +50,10 @@ async def test_only_the_call_past_its_deadline_is_cut() -> None:
 async def test_the_callers_own_cancel_stays_a_cancel() -> None:
     deadlines = CallDeadlines(tick=0.02)
     call = asyncio.ensure_future(deadlines.run(lambda: _answer_after(5.0), 0.1))
-    await asyncio.sleep(0.01)
+    deadline = time.monotonic() + 2.0
+    while not deadlines._calls:  # the call is in flight
+        assert time.monotonic() < deadline, "the call never started"
+        await asyncio.sleep(0)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

@@ -49,6 +49,7 @@ from brokerkit.backends.rabbitmq._acks import AckBatch
 from brokerkit.backends.rabbitmq._attempts import AttemptBook
 from brokerkit.backends.rabbitmq._codec import parse
 from brokerkit.backends.rabbitmq._deadlines import Deadlines
+from brokerkit.backends.rabbitmq._deliveries import consume
 from brokerkit.backends.rabbitmq._errors import MAPPED
 from brokerkit.backends.rabbitmq._held import (
     DELAYED,
@@ -135,9 +136,8 @@ class RabbitReceiver(Receiver[Lease]):
                     if source.prefetch != qos:  # applies to the consumers created after it
                         qos = source.prefetch
                         await channel.basic_qos(prefetch_count=qos)
-                    ok = await channel.basic_consume(
-                        source.name, self._callback(source, channel, generation)
-                    )
+                    callback = self._callback(source, channel, generation)
+                    ok = await consume(channel, source.name, callback)
                     source.consumer_tag = ok.consumer_tag
         except BaseException:
             self._lost(channel)

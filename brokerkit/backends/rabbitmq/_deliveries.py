@@ -12,7 +12,8 @@ and the channel reads on.
 This leans on aiormq 7.x channel internals (``_on_deliver_frame``, ``_get_frame``,
 ``_read_content``, ``consumers``). Where a channel lacks them, ``consume`` is plain
 ``basic_consume``: the callback still gets every delivery, through aiormq's task. Other
-consumers on the channel (any not made here) keep aiormq's path.
+consumers on the channel (any not made here), and a delivery for a consumer tag aiormq
+already dropped (cancelled), keep aiormq's path.
 """
 
 from __future__ import annotations
@@ -77,10 +78,12 @@ def _reader_for(channel: Any, table: dict[str, Callback]) -> Callable[[Basic.Del
     """``Channel._on_deliver_frame``, calling a direct callback instead of a task."""
     aiormqs_own = channel._on_deliver_frame
     get_frame, read_content = channel._get_frame, channel._read_content
+    live = channel.consumers  # aiormq drops a tag from it at basic.cancel or the broker's
 
     async def on_deliver_frame(frame: Basic.Deliver) -> None:
-        callback = table.get(frame.consumer_tag) if frame.consumer_tag is not None else None
-        if callback is None:  # not a consumer of ours: aiormq's own path, task and all
+        tag = frame.consumer_tag
+        callback = table.get(tag) if tag is not None and tag in live else None
+        if callback is None:  # not ours, or cancelled: aiormq's own path (task, or dropped)
             await aiormqs_own(frame)
             return
         header = await get_frame()

@@ -59,6 +59,7 @@ from brokerkit.backends.kafka._options import (
 )
 from brokerkit.backends.kafka._produce import Batch, Headers, produce
 from brokerkit.backends.kafka._receiver import KafkaReceiver
+from brokerkit.backends.kafka._sender import Sender
 
 __all__ = ["KafkaBackend"]
 
@@ -118,6 +119,7 @@ class KafkaBackend(Backend):
         """A ``_flush_now`` is scheduled (see ``publish``)."""
         self._poller: threading.Thread | None = None
         self._stop = threading.Event()
+        self._sender: Sender | None = None
         self._loop_timer: asyncio.TimerHandle | None = None
         """Armed while the loop serves delivery reports itself (``_loop_poll``)."""
         self._loop_polled = 0.0
@@ -302,6 +304,8 @@ class KafkaBackend(Backend):
         )
         with link.errors:
             self._producer = Producer(link.producer_config())
+        self._sender = Sender(self._producer)
+        self._sender.start()
         self._admin = admin
         self._poller = threading.Thread(
             target=self._poll_loop, name="brokerkit-kafka-producer", daemon=True
@@ -347,6 +351,8 @@ class KafkaBackend(Backend):
         if producer is not None:
             await asyncio.to_thread(producer.flush, 10.0)
         self._stop.set()
+        if self._sender is not None:
+            await self._sender.stop()
         if self._loop_timer is not None:
             self._loop_timer.cancel()
             self._loop_timer = None
@@ -413,8 +419,11 @@ class KafkaBackend(Backend):
             # Others in flight: flush would block this loop for _FLUSH_WAIT waiting for
             # their records too (4 concurrent callers spent ~40 % of their time there),
             # while the requests in flight keep the producer sending; ours go within
-            # ``linger`` at worst.
+            # ``linger`` at worst. Alone, a small call has the sender thread flush: sent
+            # at once, without blocking the loop (``_sender``).
             poll(0)
+            if not self._awaiting and self._sender is not None:
+                self._sender.send_now()
         self._awaiting += 1
         if self._awaiting >= 2 and self._loop_timer is None:
             self._loop_poll()

@@ -423,7 +423,7 @@ class KafkaBackend(Backend):
             # at once, without blocking the loop (``_sender``).
             poll(0)
             if not self._awaiting and self._sender is not None:
-                self._sender.send_now()
+                self._sender.send_now(batch.future.done)
         self._awaiting += 1
         if self._awaiting >= 2 and self._loop_timer is None:
             self._loop_poll()

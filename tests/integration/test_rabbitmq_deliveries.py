@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,6 +16,7 @@ import pytest
 aiormq = pytest.importorskip("aiormq", reason="aio-pika is not installed")
 
 from brokerkit.backends.rabbitmq._deliveries import consume, direct_callbacks  # noqa: E402
+from contract_tests._helpers import eventually, fresh  # noqa: E402
 
 URL = os.environ.get("BROKERKIT_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 COUNT = 50
@@ -36,18 +35,11 @@ async def channel() -> AsyncIterator[Any]:
 
 
 async def _queue_with(channel: Any, bodies: list[bytes]) -> str:
-    queue = f"deliveries-{uuid.uuid4().hex[:12]}"
+    queue = fresh("deliveries")
     await channel.queue_declare(queue, auto_delete=False)
     for body in bodies:
         await channel.basic_publish(body, routing_key=queue)
     return queue
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.01)
 
 
 async def test_deliveries_reach_the_callback_in_order_all_on_the_readers_task(
@@ -65,7 +57,7 @@ async def test_deliveries_reach_the_callback_in_order_all_on_the_readers_task(
     try:
         assert direct_callbacks(channel) is not None  # aiormq 7.x has what it needs
         await consume(channel, queue, on_message, no_ack=True)
-        await _until(lambda: len(got) == COUNT, f"{COUNT} deliveries")
+        await eventually(lambda: len(got) == COUNT, timeout=10, what=f"{COUNT} deliveries")
         assert got == bodies
         # aiormq's own path runs each callback in a task of its own
         assert len(tasks) == 1, f"{len(tasks)} tasks ran {COUNT} callbacks"
@@ -87,7 +79,9 @@ async def test_a_callback_that_raises_is_logged_and_the_channel_reads_on(
     try:
         with caplog.at_level(logging.ERROR, logger="brokerkit.backends.rabbitmq._deliveries"):
             await consume(channel, queue, on_message, no_ack=True)
-            await _until(lambda: len(got) == 2, "the deliveries after the failed one")
+            await eventually(
+                lambda: len(got) == 2, timeout=10, what="the deliveries after the failed one"
+            )
         assert got == [b"good-1", b"good-2"]
         assert not channel.is_closed
         assert any("the callback failed" in (r.exc_text or "") for r in caplog.records)
@@ -107,7 +101,9 @@ async def test_other_consumers_of_the_channel_keep_aiormqs_path(channel: Any) ->
     try:
         await consume(channel, ours_queue, lambda m: ours.append(m.body), no_ack=True)
         await channel.basic_consume(theirs_queue, their_callback, no_ack=True)
-        await _until(lambda: ours == [b"ours"] and theirs == [b"theirs"], "both deliveries")
+        await eventually(
+            lambda: ours == [b"ours"] and theirs == [b"theirs"], timeout=10, what="both deliveries"
+        )
     finally:
         await channel.queue_delete(ours_queue)
         await channel.queue_delete(theirs_queue)

@@ -217,6 +217,38 @@ def test_error_codes_map_to_specific_errors() -> None:
     )
 
 
+def test_a_server_failure_after_the_retries_is_unavailable_not_a_refusal() -> None:
+    """HTTP 5xx (ElasticMQ under load answered a plain-text 503, which botocore reports
+    with the status as the code): the broker could not serve, it did not refuse; the
+    consumer rides out BrokerUnavailable, a BrokerRefused would end its iteration."""
+    endpoint = brokerkit.backends.HostPort("127.0.0.1", 4566)
+    errors = error_map(endpoint, "here")
+    body = "The server was not able to produce a timely response to your request.\nRetry"
+    for code, http in (("503", 503), ("ServiceUnavailable", 503), ("InternalError", 500)):
+        exc = ClientError(
+            {
+                "Error": {"Code": code, "Message": body},
+                "ResponseMetadata": {"HTTPStatusCode": http, "HTTPHeaders": {"x": "y"}},
+            },
+            "GetQueueUrl",
+        )
+        scrub(exc, ["secret-key"])  # as the link does, before mapping: the status stays
+        assert exc.response["ResponseMetadata"] == {"HTTPStatusCode": http}
+        mapped = errors.translate(exc)
+        assert isinstance(mapped, brokerkit.BrokerUnavailable), (code, mapped)
+        assert (mapped.host, mapped.port) == ("127.0.0.1", 4566)
+        assert "GetQueueUrl" in str(mapped) and "timely" in str(mapped)
+    # a 4xx stays what it was
+    exc = ClientError(
+        {
+            "Error": {"Code": "AccessDenied", "Message": "m"},
+            "ResponseMetadata": {"HTTPStatusCode": 403},
+        },
+        "SendMessageBatch",
+    )
+    assert isinstance(errors.translate(exc), brokerkit.backends.BrokerRefused)
+
+
 def test_import_brokerkit_imports_no_driver() -> None:
     code = "import sys, brokerkit; brokerkit.connect('memory://'); print('boto3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -81,6 +81,13 @@ _THROTTLED = frozenset(
     }
 )
 _TOO_LONG = frozenset({"MessageTooLong", "BatchRequestTooLong"})
+_SERVER_FAILED = frozenset(
+    {"ServiceUnavailable", "InternalFailure", "InternalError", "RequestTimeout", "500", "503"}
+)
+"""The service could not serve the request just then (an HTTP 5xx; botocore already retried
+it ``max_attempts`` times): unavailable, not a refusal. An emulator's own HTTP layer may
+answer 503 in plain text (ElasticMQ under load: "The server was not able to produce a
+timely response"), which botocore reports with the status as the code."""
 _CONNECTION = (
     EndpointConnectionError,
     ConnectTimeoutError,
@@ -114,7 +121,10 @@ def scrub(exc: BaseException, secrets: Iterable[str]) -> None:
         error = exc.response.get("Error", {})
         if isinstance(error.get("Message"), str):
             error["Message"] = redact(error["Message"], keep)
-        exc.response.pop("ResponseMetadata", None)
+        meta = exc.response.pop("ResponseMetadata", None)
+        status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+        if isinstance(status, int):  # the one field the mapping reads (``_http_status``)
+            exc.response["ResponseMetadata"] = {"HTTPStatusCode": status}
     kwargs = getattr(exc, "kwargs", None)
     if isinstance(kwargs, dict):
         for key, value in list(kwargs.items()):
@@ -127,6 +137,12 @@ def aws_code(exc: BaseException) -> str:
     if isinstance(exc, ClientError):
         return str(exc.response.get("Error", {}).get("Code", ""))
     return ""
+
+
+def _http_status(exc: ClientError) -> int | None:
+    """The HTTP status of the answer, if botocore recorded it (``scrub`` keeps it)."""
+    code = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code if isinstance(code, int) else None
 
 
 def _message(exc: ClientError) -> str:
@@ -158,6 +174,14 @@ def error_map(endpoint: HostPort, where: str) -> ErrorMap:
                 f"SQS at {where}: access denied for {op} (see docs/backends/sqs.md for "
                 "the IAM permissions brokerkit needs)",
                 code=code,
+            )
+        answered = _http_status(exc)
+        if code in _SERVER_FAILED or (answered is not None and answered >= 500):
+            return BrokerUnavailable(
+                f"SQS at {where} could not serve {op} after the retries "
+                f"({code}: {_message(exc).splitlines()[0]})",
+                host=endpoint.host,
+                port=endpoint.port,
             )
         if code in _THROTTLED:
             return BrokerRefused(

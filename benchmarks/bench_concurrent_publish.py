@@ -11,6 +11,15 @@ a queue of its own (see ``_queue``; deleted outside the clock). Every publish is
 broker-confirmed.
 Prints medians and each round's figures, the ratio of concurrent single publishes to
 ``publish_many``, and how many calls raised (must be 0).
+
+``--ceiling`` adds a contender after the singles: the same callers, each awaiting a
+future of its own, gathered by the least a gatherer can do (``_BareGatherer``: a list,
+one ``call_soon`` per turn, batches of 250, 4 in flight, like the core's coalescer) and
+sent with the backend's own ``publish`` (``broker.backend``), one prebuilt message
+repeated: no message built, no validation, no ``Broker.publish`` frame, no cancellation
+or FIFO care. What any design that gives each caller its own awaitable cannot beat on
+this backend and machine. Its ratio to ``publish_many`` is the ceiling of
+the singles' ratio; singles/ceiling is the share of it the core reaches.
 """
 
 from __future__ import annotations
@@ -25,6 +34,78 @@ from collections.abc import AsyncIterator
 
 import brokerkit
 from brokerkit._bench import concurrent_publish_rate, publish_rate, round_line, summary
+from brokerkit.backends.base import Backend, QueueRef
+
+
+class _BareGatherer:
+    """The floor of gathering: a future per call, batches sent with the backend's publish.
+
+    Not a library candidate (no cancellation, no FIFO order across batches, no lone
+    fast path); the benchmark's measure of what asyncio's wake-up of each caller costs.
+    """
+
+    def __init__(self, backend: Backend, queue: str, body: bytes) -> None:
+        self._backend = backend
+        self._queue = QueueRef(queue)
+        self._message = brokerkit.Outgoing(body)
+        self._pending: list[asyncio.Future[brokerkit.PublishResult]] = []
+        self._in_flight = 0
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def publish(self) -> asyncio.Future[brokerkit.PublishResult]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[brokerkit.PublishResult] = loop.create_future()
+        self._pending.append(future)
+        if not self._scheduled and self._in_flight < _IN_FLIGHT:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        while self._pending and self._in_flight < _IN_FLIGHT:
+            batch, self._pending = self._pending[:_BATCH], self._pending[_BATCH:]
+            self._in_flight += 1
+            task = asyncio.ensure_future(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[asyncio.Future[brokerkit.PublishResult]]) -> None:
+        try:
+            results = await self._backend.publish(self._queue, [self._message] * len(batch))
+            for future, result in zip(batch, results, strict=True):
+                future.set_result(result)
+        except Exception as exc:
+            for future in batch:
+                future.set_exception(exc)
+        finally:
+            self._in_flight -= 1
+            if self._pending and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+
+_BATCH, _IN_FLIGHT = 250, 4  # the core's MAX_BATCH and MAX_IN_FLIGHT (brokerkit._coalesce)
+
+
+async def ceiling_rate(
+    broker: brokerkit.Broker, queue: str, count: int, body: bytes, *, concurrency: int
+) -> float:
+    """``concurrent_publish_rate`` through ``_BareGatherer`` instead of ``broker.publish``."""
+    await broker.open()
+    gatherer = _BareGatherer(broker.backend, queue, body)
+    per_task = [
+        count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)
+    ]
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            await gatherer.publish()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(n) for n in per_task if n))
+    return count / (time.perf_counter() - started)
 
 
 async def sequential_latency(
@@ -75,9 +156,15 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=500)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--latency-samples", type=int, default=300)
+    parser.add_argument(
+        "--ceiling", action="store_true", help="add the bare-gatherer contender (see above)"
+    )
     args = parser.parse_args()
     body = b"x" * args.size
-    rates: dict[str, list[float]] = {"publish_many": [], f"single x{args.concurrency}": []}
+    single = f"single x{args.concurrency}"
+    rates: dict[str, list[float]] = {"publish_many": [], single: []}
+    if args.ceiling:
+        rates["ceiling"] = []
     latency: list[float] = []
     errors = 0
     kept: dict[str, str] = {}
@@ -93,10 +180,17 @@ async def main() -> None:
                         rate = await concurrent_publish_rate(
                             broker, queue, args.messages, body, concurrency=args.concurrency
                         )
-                    rates[f"single x{args.concurrency}"].append(rate)
+                    rates[single].append(rate)
                 except brokerkit.BrokerkitError as exc:
                     errors += 1
                     print(f"round {round_no + 1}: concurrent publishes raised {type(exc).__name__}")
+                if args.ceiling:
+                    async with _queue(broker, "ceiling", kept) as queue:
+                        rates["ceiling"].append(
+                            await ceiling_rate(
+                                broker, queue, args.messages, body, concurrency=args.concurrency
+                            )
+                        )
                 async with _queue(broker, "lone", kept) as queue:
                     latency.append(
                         await sequential_latency(broker, queue, args.latency_samples, body)
@@ -109,14 +203,14 @@ async def main() -> None:
         f"{broker.url.redacted()}: {args.messages} x {args.size} B, {args.rounds} rounds, "
         f"rounds that raised: {errors}"
     )
+    ratios = [("single/publish_many", single, "publish_many")]
+    if args.ceiling:
+        ratios += [
+            ("ceiling/publish_many", "ceiling", "publish_many"),
+            ("single/ceiling", single, "ceiling"),
+        ]
     if all(rates.values()):
-        print(
-            summary(
-                rates,
-                [("single/publish_many", f"single x{args.concurrency}", "publish_many")],
-                title=title,
-            )
-        )
+        print(summary(rates, ratios, title=title))
     lat = ", ".join(f"{v:.0f}" for v in latency)
     print(f"  lone publish median {statistics.median(latency):.0f} us  ({lat})")
 

@@ -12,6 +12,10 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
 * raw pub/batch: as raw pub, but ``flush`` after every 500 (each batch confirmed before
   the next is produced): the raw equivalent of an awaited ``publish_many(500)``, which
   returns only confirmed ids. For information, beside raw pub's best case.
+* raw pub/batch x4: raw pub/batch from 4 threads sharing the producer, each batch of 500
+  confirmed (its reports counted, the thread polling meanwhile) before that thread
+  produces its next: the raw client doing what bk pub x4 promises (every batch
+  confirmed before its caller goes on), so the ceiling of bk pub x4's ratio to raw pub.
 * raw con: a new group reads the N: ``consume(500, 1.0)`` + ``commit(asynchronous=False)``
   of the position after every batch; no per-message work beyond ``error()``; librdkafka's
   defaults except ``fetch.queue.backoff.ms``, set as brokerkit sets it. Clock from
@@ -46,8 +50,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -91,6 +98,58 @@ def raw_publish(servers: str, topic: str, n: int, *, confirm_every: int | None =
     producer.flush()
     elapsed = time.perf_counter() - start
     assert done == n
+    return n / elapsed
+
+
+def raw_publish_concurrent(servers: str, topic: str, n: int, threads: int = 4) -> float:
+    """raw pub/batch from ``threads`` threads at once (see the module docstring)."""
+    admin = AdminClient({"bootstrap.servers": servers})
+    for fut in admin.create_topics([NewTopic(topic, 6, 1)]).values():
+        fut.result()
+    producer = Producer(
+        {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True, "linger.ms": 2}
+    )
+    producer.produce(topic, b"warm-up")
+    producer.flush()
+    sizes = [min(BATCH, n - sent) for sent in range(0, n, BATCH)]
+    confirmed = [0] * threads
+
+    def worker(me: int) -> None:
+        for size in sizes[me::threads]:
+            counted = itertools.count(1)  # ``next`` is atomic: any thread's poll may report
+            done = threading.Event()
+
+            def report(
+                err: object,
+                msg: object,
+                counted: Iterator[int] = counted,
+                size: int = size,
+                done: threading.Event = done,
+            ) -> None:
+                if next(counted) == size:
+                    done.set()
+
+            for _ in range(size):
+                while True:
+                    try:
+                        producer.produce(topic, BODY, on_delivery=report)
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+                producer.poll(0)
+            while not done.is_set():
+                producer.poll(0.001)
+            confirmed[me] += size
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - start
+    producer.flush()
+    assert sum(confirmed) == n
     return n / elapsed
 
 
@@ -224,6 +283,7 @@ def main() -> None:
     names = (
         "raw pub",
         "raw pub/batch",
+        "raw pub/batch x4",
         "bk pub",
         "bk pub x4",
         "raw con",
@@ -239,6 +299,8 @@ def main() -> None:
         rates["raw pub/batch"].append(
             raw_publish(servers, batch_topic, args.n, confirm_every=BATCH)
         )
+        x4_topic = f"bench-{uuid.uuid4().hex[:8]}"
+        rates["raw pub/batch x4"].append(raw_publish_concurrent(servers, x4_topic, args.n))
         rates["raw con"].append(raw_consume(servers, topic, args.n))
         rates["raw con/store"].append(raw_consume(servers, topic, args.n, store_each=True))
         queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -247,12 +309,14 @@ def main() -> None:
         rates["bk pub x4"].append(asyncio.run(bk_publish(args.url, overlapped, args.n, tasks=4)))
         rates["bk con"].append(asyncio.run(bk_consume(args.url, queue, args.n)))
         rates["bk recv"].append(asyncio.run(bk_receive(args.url, queue, args.n + 1)))
-        delete_topics(servers, [topic, batch_topic])  # leave the broker as we found it
+        delete_topics(servers, [topic, batch_topic, x4_topic])  # leave the broker as we found it
         asyncio.run(delete_queues(args.url, [queue, overlapped]))
     ratios = [
         ("publish", "bk pub", "raw pub"),
         ("publish vs raw pub/batch", "bk pub", "raw pub/batch"),
         ("publish x4 vs raw pub", "bk pub x4", "raw pub"),
+        ("raw pub/batch x4 vs raw pub", "raw pub/batch x4", "raw pub"),
+        ("publish x4 vs raw pub/batch x4", "bk pub x4", "raw pub/batch x4"),
         ("consume", "bk con", "raw con"),
         ("consume vs raw store", "bk con", "raw con/store"),
         ("receiver alone", "bk recv", "raw con"),

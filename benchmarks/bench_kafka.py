@@ -14,8 +14,9 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
   returns only confirmed ids. For information, beside raw pub's best case.
 * raw pub/batch x4: raw pub/batch from 4 threads sharing the producer, each batch of 500
   confirmed (its reports counted, the thread polling meanwhile) before that thread
-  produces its next: the raw client doing what bk pub x4 promises (every batch
-  confirmed before its caller goes on), so the ceiling of bk pub x4's ratio to raw pub.
+  produces its next: the raw client keeping bk pub x4's promise (every batch confirmed
+  before its caller goes on) the plain way. For information: raw pub never waits for a
+  confirmation, so bk pub x4 / raw pub mixes the promise's cost with brokerkit's.
 * raw con: a new group reads the N: ``consume(500, 1.0)`` + ``commit(asynchronous=False)``
   of the position after every batch; no per-message work beyond ``error()``; librdkafka's
   defaults except ``fetch.queue.backoff.ms``, set as brokerkit sets it. Clock from

@@ -38,6 +38,11 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
 Prints the median of each and the brokerkit / raw ratios (against raw con). Every run
 deletes the topics and queues it made, so the broker is left as it was found.
 
+Warm publish mode (``--warm [-n 100000] [--runs 7]``): one topic, made and written to
+once before the clock (a new topic is several times slower at first), then per round,
+interleaved: raw pub, raw pub/batch x4, bk pub x4, bk pub (one task). Prints medians,
+the ratios of the medians and bk pub x4 / raw pub paired per round.
+
 Backlog mode (``--backlog 20000,100000,1000000 [--partitions 1] [--take 100000]``): for
 each size one queue is declared and filled up front by a raw producer (outside the
 clock); each run then reads the first ``--take`` messages (at most all) of every
@@ -52,6 +57,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import statistics
 import threading
 import time
 import uuid
@@ -68,23 +74,33 @@ BODY = b"x" * 100
 BATCH = 500
 
 
-def raw_publish(servers: str, topic: str, n: int, *, confirm_every: int | None = None) -> float:
-    """Produce ``n`` and count every delivery report; ``confirm_every``: flush after that
-    many (each batch confirmed before the next), else once at the end."""
+def new_producer(servers: str, topic: str) -> Producer:
+    """A producer as brokerkit's (acks=all, idempotence, linger.ms=2) with ``topic``
+    made (6 partitions) unless it exists, and one warm-up message flushed: connection,
+    producer id and metadata outside the clock, as brokerkit's warm-up publish."""
     admin = AdminClient({"bootstrap.servers": servers})
-    for fut in admin.create_topics([NewTopic(topic, 6, 1)]).values():
-        fut.result()
+    if topic not in admin.list_topics(timeout=10).topics:
+        for fut in admin.create_topics([NewTopic(topic, 6, 1)]).values():
+            fut.result()
     producer = Producer(
         {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True, "linger.ms": 2}
     )
+    producer.produce(topic, b"warm-up")
+    producer.flush()
+    return producer
+
+
+def raw_publish(
+    producer: Producer, topic: str, n: int, *, confirm_every: int | None = None
+) -> float:
+    """Produce ``n`` and count every delivery report; ``confirm_every``: flush after that
+    many (each batch confirmed before the next), else once at the end."""
     done = 0
 
     def report(err: object, msg: object) -> None:
         nonlocal done
         done += 1
 
-    producer.produce(topic, b"warm-up")  # connection + producer id outside the clock,
-    producer.flush()  # as brokerkit's warm-up publish
     start = time.perf_counter()
     for i in range(n):
         while True:
@@ -102,16 +118,8 @@ def raw_publish(servers: str, topic: str, n: int, *, confirm_every: int | None =
     return n / elapsed
 
 
-def raw_publish_concurrent(servers: str, topic: str, n: int, threads: int = 4) -> float:
+def raw_publish_concurrent(producer: Producer, topic: str, n: int, threads: int = 4) -> float:
     """raw pub/batch from ``threads`` threads at once (see the module docstring)."""
-    admin = AdminClient({"bootstrap.servers": servers})
-    for fut in admin.create_topics([NewTopic(topic, 6, 1)]).values():
-        fut.result()
-    producer = Producer(
-        {"bootstrap.servers": servers, "acks": "all", "enable.idempotence": True, "linger.ms": 2}
-    )
-    producer.produce(topic, b"warm-up")
-    producer.flush()
     sizes = [min(BATCH, n - sent) for sent in range(0, n, BATCH)]
     confirmed = [0] * threads
 
@@ -149,7 +157,6 @@ def raw_publish_concurrent(servers: str, topic: str, n: int, threads: int = 4) -
     for w in workers:
         w.join()
     elapsed = time.perf_counter() - start
-    producer.flush()
     assert sum(confirmed) == n
     return n / elapsed
 
@@ -275,8 +282,12 @@ def main() -> None:
     parser.add_argument("--backlog", help="backlog mode: comma-separated sizes")
     parser.add_argument("--partitions", type=int, default=1, help="backlog mode")
     parser.add_argument("--take", type=int, default=100_000, help="backlog mode")
+    parser.add_argument("--warm", action="store_true", help="warm publish mode")
     args = parser.parse_args()
     servers = args.url.removeprefix("kafka://").split("?")[0]
+    if args.warm:
+        asyncio.run(warm_main(args.url, servers, args.n, args.runs))
+        return
     if args.backlog:
         sizes = [int(x) for x in args.backlog.split(",")]
         backlog_main(args.url, servers, sizes, args.partitions, args.take, args.runs)
@@ -295,13 +306,15 @@ def main() -> None:
     rates: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(args.runs):
         topic = f"bench-{uuid.uuid4().hex[:8]}"
-        rates["raw pub"].append(raw_publish(servers, topic, args.n))
+        rates["raw pub"].append(raw_publish(new_producer(servers, topic), topic, args.n))
         batch_topic = f"bench-{uuid.uuid4().hex[:8]}"
+        producer = new_producer(servers, batch_topic)
         rates["raw pub/batch"].append(
-            raw_publish(servers, batch_topic, args.n, confirm_every=BATCH)
+            raw_publish(producer, batch_topic, args.n, confirm_every=BATCH)
         )
         x4_topic = f"bench-{uuid.uuid4().hex[:8]}"
-        rates["raw pub/batch x4"].append(raw_publish_concurrent(servers, x4_topic, args.n))
+        producer = new_producer(servers, x4_topic)
+        rates["raw pub/batch x4"].append(raw_publish_concurrent(producer, x4_topic, args.n))
         rates["raw con"].append(raw_consume(servers, topic, args.n))
         rates["raw con/store"].append(raw_consume(servers, topic, args.n, store_each=True))
         queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -323,6 +336,39 @@ def main() -> None:
         ("receiver alone", "bk recv", "raw con"),
     ]
     print(summary(rates, ratios, title=f"{args.runs} runs, {args.n} x {len(BODY)} B messages"))
+
+
+async def warm_main(url: str, servers: str, n: int, rounds: int) -> None:
+    """See "Warm publish mode" in the module docstring."""
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    async with brokerkit.connect(url) as broker:
+        await broker.declare(queue)
+        topic = f"brokerkit.{queue}"
+        try:
+            producer = new_producer(servers, topic)
+            raw_publish(producer, topic, min(n, 20_000))  # both sides warm before the clock
+            await publish_rate(broker, queue, min(n, 20_000), BODY, tasks=4)
+            rates: dict[str, list[float]] = {
+                k: [] for k in ("raw pub", "raw pub/batch x4", "bk pub", "bk pub x4")
+            }
+            for _ in range(rounds):
+                rates["raw pub"].append(raw_publish(producer, topic, n))
+                rates["raw pub/batch x4"].append(raw_publish_concurrent(producer, topic, n))
+                rates["bk pub x4"].append(await publish_rate(broker, queue, n, BODY, tasks=4))
+                rates["bk pub"].append(await publish_rate(broker, queue, n, BODY))
+        finally:
+            await broker.delete_queue(queue)
+    ratios = [
+        ("publish x4 vs raw pub", "bk pub x4", "raw pub"),
+        ("raw pub/batch x4 vs raw pub", "raw pub/batch x4", "raw pub"),
+        ("publish x4 vs raw pub/batch x4", "bk pub x4", "raw pub/batch x4"),
+        ("publish vs raw pub", "bk pub", "raw pub"),
+    ]
+    title = f"{rounds} rounds, {n} x {len(BODY)} B on one warm topic (6 partitions)"
+    print(summary(rates, ratios, title=title))
+    paired = [b / r for b, r in zip(rates["bk pub x4"], rates["raw pub"], strict=True)]
+    runs = ", ".join(f"{x:.2f}" for x in paired)
+    print(f"  bk pub x4 / raw pub per round: median {statistics.median(paired):.2f}  ({runs})")
 
 
 def backlog_main(

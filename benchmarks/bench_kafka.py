@@ -24,6 +24,11 @@ Each run, in this order, on fresh topics (6 partitions, 100-byte bodies):
 * raw con/store: as raw con, plus per message ``value()`` and ``store_offsets(msg)``
   (librdkafka's own per-message "ack") and a synchronous commit of the stored offsets
   per batch. For information: the closest raw equivalent of per-message acks.
+* raw aio con/store: raw con/store through confluent-kafka's own asyncio consumer
+  (``confluent_kafka.aio.AIOConsumer``): ``await consume(500, 1.0)``, per message
+  ``value()`` + ``await store_offsets(message=m)``, ``await commit(asynchronous=False)``
+  per batch. Each call is a hop to its thread pool: the raw client's own async API
+  doing what ``async for`` + ``await msg.ack()`` does. For information.
 * bk pub: ``publish_many`` in batches of 500, each awaited (all delivery reports in).
 * bk pub x4: the same batches from 4 tasks at once, so that one batch's round trip
   overlaps the next one's produce loop: what a service publishing from several tasks
@@ -217,6 +222,42 @@ def raw_consume(servers: str, topic: str, n: int, *, store_each: bool = False) -
     return n / elapsed
 
 
+async def raw_aio_consume(servers: str, topic: str, n: int) -> float:
+    """raw con/store through ``AIOConsumer`` (see the module docstring)."""
+    from confluent_kafka.aio import AIOConsumer
+
+    from brokerkit.backends.kafka._link import FETCH_QUEUE_BACKOFF_MS
+
+    consumer = AIOConsumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": f"raw-aio-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+        }
+    )
+    await consumer.subscribe([topic])
+    got = 0
+    start = 0.0
+    try:
+        while got < n:
+            msgs = await consumer.consume(BATCH, 1.0)
+            if msgs and not start:
+                start = time.perf_counter()
+            for m in msgs:
+                if m.error() is None:
+                    m.value()
+                    await consumer.store_offsets(message=m)
+                    got += 1
+            if msgs:
+                await consumer.commit(asynchronous=False)
+        return n / (time.perf_counter() - start)
+    finally:
+        await consumer.close()
+
+
 async def bk_publish(url: str, queue: str, n: int, tasks: int = 1) -> float:
     async with brokerkit.connect(url) as broker:
         await broker.publish(queue, b"warm-up")  # as raw: producer id and metadata first
@@ -300,6 +341,7 @@ def main() -> None:
         "bk pub x4",
         "raw con",
         "raw con/store",
+        "raw aio con/store",
         "bk con",
         "bk recv",
     )
@@ -317,6 +359,7 @@ def main() -> None:
         rates["raw pub/batch x4"].append(raw_publish_concurrent(producer, x4_topic, args.n))
         rates["raw con"].append(raw_consume(servers, topic, args.n))
         rates["raw con/store"].append(raw_consume(servers, topic, args.n, store_each=True))
+        rates["raw aio con/store"].append(asyncio.run(raw_aio_consume(servers, topic, args.n)))
         queue = f"bench-{uuid.uuid4().hex[:8]}"
         rates["bk pub"].append(asyncio.run(bk_publish(args.url, queue, args.n)))
         overlapped = f"bench-{uuid.uuid4().hex[:8]}"
@@ -333,6 +376,7 @@ def main() -> None:
         ("publish x4 vs raw pub/batch x4", "bk pub x4", "raw pub/batch x4"),
         ("consume", "bk con", "raw con"),
         ("consume vs raw store", "bk con", "raw con/store"),
+        ("consume vs raw aio store", "bk con", "raw aio con/store"),
         ("receiver alone", "bk recv", "raw con"),
     ]
     print(summary(rates, ratios, title=f"{args.runs} runs, {args.n} x {len(BODY)} B messages"))

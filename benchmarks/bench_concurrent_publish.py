@@ -33,7 +33,8 @@ import uuid
 from collections.abc import AsyncIterator
 
 import brokerkit
-from brokerkit._bench import concurrent_publish_rate, publish_rate, round_line, summary
+from brokerkit._bench import concurrent_publish_rate, publish_rate, round_line, shares, summary
+from brokerkit._coalesce import MAX_BATCH, MAX_IN_FLIGHT
 from brokerkit.backends.base import Backend, QueueRef
 
 
@@ -57,15 +58,15 @@ class _BareGatherer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[brokerkit.PublishResult] = loop.create_future()
         self._pending.append(future)
-        if not self._scheduled and self._in_flight < _IN_FLIGHT:
+        if not self._scheduled and self._in_flight < MAX_IN_FLIGHT:
             self._scheduled = True
             loop.call_soon(self._flush)
         return future
 
     def _flush(self) -> None:
         self._scheduled = False
-        while self._pending and self._in_flight < _IN_FLIGHT:
-            batch, self._pending = self._pending[:_BATCH], self._pending[_BATCH:]
+        while self._pending and self._in_flight < MAX_IN_FLIGHT:
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             self._in_flight += 1
             task = asyncio.ensure_future(self._send(batch))
             self._tasks.add(task)
@@ -86,25 +87,19 @@ class _BareGatherer:
                 asyncio.get_running_loop().call_soon(self._flush)
 
 
-_BATCH, _IN_FLIGHT = 250, 4  # the core's MAX_BATCH and MAX_IN_FLIGHT (brokerkit._coalesce)
-
-
 async def ceiling_rate(
     broker: brokerkit.Broker, queue: str, count: int, body: bytes, *, concurrency: int
 ) -> float:
     """``concurrent_publish_rate`` through ``_BareGatherer`` instead of ``broker.publish``."""
     await broker.open()
     gatherer = _BareGatherer(broker.backend, queue, body)
-    per_task = [
-        count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)
-    ]
 
     async def caller(n: int) -> None:
         for _ in range(n):
             await gatherer.publish()
 
     started = time.perf_counter()
-    await asyncio.gather(*(caller(n) for n in per_task if n))
+    await asyncio.gather(*(caller(n) for n in shares(count, concurrency)))
     return count / (time.perf_counter() - started)
 
 

@@ -66,7 +66,8 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -95,6 +96,21 @@ def new_producer(servers: str, topic: str) -> Producer:
     return producer
 
 
+def produce_records(
+    producer: Producer, topic: str, count: int, report: Callable[[Any, Any], None]
+) -> None:
+    """``count`` records of ``BODY``, each with ``report`` as its delivery callback, and a
+    ``poll(0)`` after each: the raw loop (one call per batch, not per record)."""
+    for _ in range(count):
+        while True:
+            try:
+                producer.produce(topic, BODY, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+
+
 def raw_publish(
     producer: Producer, topic: str, n: int, *, confirm_every: int | None = None
 ) -> float:
@@ -106,16 +122,11 @@ def raw_publish(
         nonlocal done
         done += 1
 
+    step = confirm_every or n
     start = time.perf_counter()
-    for i in range(n):
-        while True:
-            try:
-                producer.produce(topic, BODY, on_delivery=report)
-                break
-            except BufferError:
-                producer.poll(0.01)
-        producer.poll(0)
-        if confirm_every and (i + 1) % confirm_every == 0:
+    for sent in range(0, n, step):
+        produce_records(producer, topic, min(step, n - sent), report)
+        if confirm_every:
             producer.flush()  # the batch's reports are all in
     producer.flush()
     elapsed = time.perf_counter() - start
@@ -143,14 +154,7 @@ def raw_publish_concurrent(producer: Producer, topic: str, n: int, threads: int 
                 if next(counted) == size:
                     done.set()
 
-            for _ in range(size):  # inline, as raw_publish's: a helper call per record
-                while True:  # would slow the baseline down
-                    try:
-                        producer.produce(topic, BODY, on_delivery=report)
-                        break
-                    except BufferError:
-                        producer.poll(0.01)
-                producer.poll(0)
+            produce_records(producer, topic, size, report)
             while not done.is_set():
                 producer.poll(0.001)
             confirmed[me] += size

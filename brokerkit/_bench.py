@@ -56,21 +56,23 @@ async def publish_rate(
     return count / (time.perf_counter() - started)
 
 
+def shares(count: int, tasks: int) -> list[int]:
+    """``count`` calls split as evenly as can be over at most ``tasks`` tasks (none empty)."""
+    return [n for i in range(tasks) if (n := count // tasks + (1 if i < count % tasks else 0))]
+
+
 async def concurrent_publish_rate(
     broker: brokerkit.Broker, queue: str, count: int, body: bytes, *, concurrency: int
 ) -> float:
     """Messages per second for ``count`` single ``publish()`` calls from ``concurrency``
     tasks at once (each awaiting its own call, then making the next): a web service."""
-    per_task = [
-        count // concurrency + (1 if i < count % concurrency else 0) for i in range(concurrency)
-    ]
 
     async def caller(n: int) -> None:
         for _ in range(n):
             await broker.publish(queue, body)
 
     started = time.perf_counter()
-    await asyncio.gather(*(caller(n) for n in per_task if n))
+    await asyncio.gather(*(caller(n) for n in shares(count, concurrency)))
     return count / (time.perf_counter() - started)
 
 

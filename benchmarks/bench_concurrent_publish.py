@@ -20,6 +20,14 @@ repeated: no message built, no validation, no ``Broker.publish`` frame, no cance
 or FIFO care. What any design that gives each caller its own awaitable cannot beat on
 this backend and machine. Its ratio to ``publish_many`` is the ceiling of
 the singles' ratio; singles/ceiling is the share of it the core reaches.
+
+``--direct`` adds the other floor: the same callers, each building and validating its
+message exactly as ``Broker.publish`` does and awaiting the backend's own ``publish`` of
+that one message (``_direct_publish``): no coalescer, no ``Broker.publish`` frame. On
+memory://, whose publish never suspends (so nothing is ever gathered there), no
+``publish()`` that builds and validates its message can beat it. Elsewhere it is one
+backend call per message at once, the design the coalescer replaced (on Redis 500 of
+them once ran the connection pool out): a round that raises is counted, not fatal.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ import contextlib
 import statistics
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import brokerkit
 from brokerkit._bench import concurrent_publish_rate, publish_rate, round_line, shares, summary
 from brokerkit._coalesce import MAX_BATCH, MAX_IN_FLIGHT
+from brokerkit._message import outgoing
+from brokerkit._validate import check_outgoing
 from brokerkit.backends.base import Backend, QueueRef
 
 
@@ -103,6 +113,37 @@ async def ceiling_rate(
     return count / (time.perf_counter() - started)
 
 
+async def direct_rate(
+    broker: brokerkit.Broker, queue: str, count: int, body: bytes, *, concurrency: int
+) -> float:
+    """``concurrent_publish_rate`` with each call made by ``_direct_publish``."""
+    await broker.open()
+    backend = broker.backend
+    ref = QueueRef(queue)
+
+    async def caller(n: int) -> None:
+        for _ in range(n):
+            await _direct_publish(backend, ref, body)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(n) for n in shares(count, concurrency)))
+    return count / (time.perf_counter() - started)
+
+
+def _direct_publish(
+    backend: Backend, queue: QueueRef, body: bytes
+) -> Awaitable[list[brokerkit.PublishResult]]:
+    """One message built and validated as ``Broker.publish`` does, sent alone."""
+    caps = backend.capabilities
+    message = check_outgoing(
+        outgoing(body, None, None, {}),
+        max_bytes=caps.max_message_bytes,
+        max_headers=caps.max_headers,
+        max_header_bytes=caps.max_header_bytes,
+    )
+    return backend.publish(queue, (message,))
+
+
 async def sequential_latency(
     broker: brokerkit.Broker, queue: str, count: int, body: bytes
 ) -> float:
@@ -161,12 +202,17 @@ async def main() -> None:
     parser.add_argument(
         "--ceiling", action="store_true", help="add the bare-gatherer contender (see above)"
     )
+    parser.add_argument(
+        "--direct", action="store_true", help="add the uncoalesced contender (see above)"
+    )
     args = parser.parse_args()
     body = b"x" * args.size
     single = f"single x{args.concurrency}"
     rates: dict[str, list[float]] = {"publish_many": [], single: []}
     if args.ceiling:
         rates["ceiling"] = []
+    if args.direct:
+        rates["direct"] = []
     latency: list[float] = []
     errors = 0
     kept: dict[str, str] = {}
@@ -193,6 +239,15 @@ async def main() -> None:
                                 broker, queue, args.messages, body, concurrency=args.concurrency
                             )
                         )
+                if args.direct:
+                    try:
+                        async with _queue(broker, "direct", kept) as queue:
+                            rate = await direct_rate(
+                                broker, queue, args.messages, body, concurrency=args.concurrency
+                            )
+                        rates["direct"].append(rate)
+                    except brokerkit.BrokerkitError as exc:
+                        print(f"round {round_no + 1}: direct publishes raised {type(exc).__name__}")
                 async with _queue(broker, "lone", kept) as queue:
                     latency.append(
                         await sequential_latency(broker, queue, args.latency_samples, body)
@@ -210,6 +265,11 @@ async def main() -> None:
         ratios += [
             ("ceiling/publish_many", "ceiling", "publish_many"),
             ("single/ceiling", single, "ceiling"),
+        ]
+    if args.direct:
+        ratios += [
+            ("direct/publish_many", "direct", "publish_many"),
+            ("single/direct", single, "direct"),
         ]
     if all(rates.values()):
         print(summary(rates, ratios, title=title))

@@ -102,12 +102,3 @@ async def test_a_failed_report_of_the_run_fails_the_whole_call() -> None:
     batch.report_run(KafkaError(KafkaError._MSG_TIMED_OUT), None)
     with pytest.raises(BrokerUnavailable):
         await asyncio.wait_for(batch.future, 5.0)
-
-
-async def test_a_call_in_one_chunk_is_paired_by_offset_too() -> None:
-    batch = Batch(asyncio.get_running_loop(), 3, ERRORS)
-    batch.run_slots = {4: [0, 1, 2]}
-    for offset in (12, 10, 11):
-        batch.report_run(None, StubMessage(offset, 4))
-    await asyncio.wait_for(batch.future, 5.0)
-    assert [r.id for r in batch.results()] == ["4-10", "4-11", "4-12"]

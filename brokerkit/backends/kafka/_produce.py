@@ -195,13 +195,6 @@ class Batch:
 
     def results(self) -> list[PublishResult]:
         """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in)."""
-        run, slots = self._run, self.run_slots
-        if len(slots) == 1 and len(run) == len(self.reports):  # the common case: one chunk
-            ((partition, _),) = slots.items()
-            ordered = [m.offset() for m in run]
-            ordered.sort()  # produce order (they come in it anyway)
-            prefix = f"{partition}-"
-            return publish_results([prefix + str(offset) for offset in ordered])
         out = [f"{m.partition()}-{m.offset()}" if m is not None else "" for m in self.reports]
         offsets: dict[int, list[int]] = {}
         for m in self._run:

@@ -2,7 +2,7 @@
 
 ``Batch`` counts down the reports of one ``publish`` call; ``produce`` hands over one
 record, waiting (bounded) while librdkafka's queue is full; ``produce_plain`` hands over
-the plain records of a call (no key, no headers) in ``produce_batch`` calls.
+the plain records of a call (no key, no headers) in one ``produce_batch`` call.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ calls and records produced one by one (fifo groups, dedup ids, headers) still sh
 requests for up to ``linger``. 4 tasks each awaiting ``publish_many(500)``: 0.46-0.51 of
 the flush-once raw producer with librdkafka's 10 000, 0.65-0.67 with 500 (2026-12-05)."""
 PRODUCE_BATCH = hasattr(Producer, "produce_batch")
-"""confluent-kafka 2.12 and later: plain records go in batches (``produce_plain``)."""
+"""confluent-kafka 2.12 and later: plain records go in one call (``produce_plain``)."""
 _FULL_WAIT = 30.0
 """Longest ``produce`` waits for room in librdkafka's queue."""
 

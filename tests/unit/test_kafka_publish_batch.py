@@ -70,35 +70,3 @@ async def test_a_shrunk_batch_completes_once_the_produced_records_reported() -> 
     batch.report(0, None, StubMessage(7, 0))
     batch.shrink(1)  # the second produce call failed: two records never handed over
     assert batch.future.done()
-
-
-async def test_a_run_is_matched_to_its_records_by_offset_whatever_the_report_order() -> None:
-    # produce_plain sent records 0-2 to partition 2 and 3-4 to partition 0, in two
-    # chunks: reports carry no index, and come in any order across threads
-    batch = Batch(asyncio.get_running_loop(), 5, ERRORS)
-    batch.run_slots = {2: [0, 1, 2], 0: [3, 4]}
-    for offset, partition in ((41, 2), (7, 0), (40, 2), (42, 2), (6, 0)):
-        batch.report_run(None, StubMessage(offset, partition))
-    await asyncio.wait_for(batch.future, 5.0)
-    assert [r.id for r in batch.results()] == ["2-40", "2-41", "2-42", "0-6", "0-7"]
-
-
-async def test_records_the_run_did_not_take_keep_their_own_reports_and_places() -> None:
-    # produce_batch took records 0, 2 and 4; 1 and 3 (queue full) went one by one after
-    batch = Batch(asyncio.get_running_loop(), 5, ERRORS)
-    batch.run_slots = {0: [0, 2, 4]}
-    batch.report(3, None, StubMessage(9, 5))
-    for offset in (10, 11, 12):
-        batch.report_run(None, StubMessage(offset, 0))
-    batch.report(1, None, StubMessage(8, 4))
-    await asyncio.wait_for(batch.future, 5.0)
-    assert [r.id for r in batch.results()] == ["0-10", "4-8", "0-11", "5-9", "0-12"]
-
-
-async def test_a_failed_report_of_the_run_fails_the_whole_call() -> None:
-    batch = Batch(asyncio.get_running_loop(), 2, ERRORS)
-    batch.run_slots = {1: [0, 1]}
-    batch.report_run(None, StubMessage(1, 1))
-    batch.report_run(KafkaError(KafkaError._MSG_TIMED_OUT), None)
-    with pytest.raises(BrokerUnavailable):
-        await asyncio.wait_for(batch.future, 5.0)

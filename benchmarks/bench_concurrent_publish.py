@@ -41,7 +41,13 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 
 import brokerkit
-from brokerkit._bench import concurrent_publish_rate, publish_rate, round_line, shares, summary
+from brokerkit._bench import (
+    callers_rate,
+    concurrent_publish_rate,
+    publish_rate,
+    round_line,
+    summary,
+)
 from brokerkit._coalesce import MAX_BATCH, MAX_IN_FLIGHT
 from brokerkit._message import outgoing
 from brokerkit._validate import check_outgoing
@@ -108,9 +114,7 @@ async def ceiling_rate(
         for _ in range(n):
             await gatherer.publish()
 
-    started = time.perf_counter()
-    await asyncio.gather(*(caller(n) for n in shares(count, concurrency)))
-    return count / (time.perf_counter() - started)
+    return await callers_rate(count, concurrency, caller)
 
 
 async def direct_rate(
@@ -125,9 +129,7 @@ async def direct_rate(
         for _ in range(n):
             await _direct_publish(backend, ref, body)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(caller(n) for n in shares(count, concurrency)))
-    return count / (time.perf_counter() - started)
+    return await callers_rate(count, concurrency, caller)
 
 
 def _direct_publish(

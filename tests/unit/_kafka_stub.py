@@ -10,7 +10,7 @@ class StubMessage:
 
     def __init__(
         self,
-        offset: int,
+        offset: int | None,
         partition: int = 0,
         *,
         timestamp_ms: int = 1_000,
@@ -31,7 +31,7 @@ class StubMessage:
     def partition(self) -> int:
         return self._partition
 
-    def offset(self) -> int:
+    def offset(self) -> int | None:
         return self._offset
 
     def headers(self) -> list[tuple[str, bytes]] | None:

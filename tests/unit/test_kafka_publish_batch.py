@@ -70,3 +70,24 @@ async def test_a_shrunk_batch_completes_once_the_produced_records_reported() -> 
     batch.report(0, None, StubMessage(7, 0))
     batch.shrink(1)  # the second produce call failed: two records never handed over
     assert batch.future.done()
+
+
+async def test_a_record_delivered_without_an_offset_gets_an_id_of_its_own() -> None:
+    """librdkafka reports some records delivered with no offset (``Message.offset()``
+    None): records acknowledged implicitly by a later batch's success after a send whose
+    fate was unknown, or a resend the broker answered as a duplicate. Their ids used to be
+    ``"<partition>-None"``, the same string for every such record."""
+    batch = Batch(asyncio.get_running_loop(), 4, ERRORS)
+    for index, offset in enumerate((None, 8, None, 9)):
+        batch.report(index, None, StubMessage(offset, 2))
+    await batch.future
+    ids = [r.id for r in batch.results()]
+    assert ids[1::2] == ["2-8", "2-9"]  # the others keep the broker's id
+    assert len(set(ids)) == 4, ids  # one id each, even where the broker gave none
+    for unknown in ids[0::2]:
+        assert unknown.startswith("2-?"), ids  # its partition; the offset is not known
+        assert "None" not in unknown, ids
+    again = Batch(asyncio.get_running_loop(), 1, ERRORS)
+    again.report(0, None, StubMessage(None, 2))
+    await again.future
+    assert again.results()[0].id not in ids  # unique in the process, not per call

@@ -22,6 +22,8 @@ __all__ = ["Batch", "Headers", "produce"]
 Headers = list[tuple[str, str | bytes | None]]
 _FULL_WAIT = 30.0
 """Longest ``produce`` waits for room in librdkafka's queue."""
+_unknown_offsets = itertools.count(1)
+"""Numbers the records delivered without an offset (``unknown_offset_id``)."""
 
 
 async def produce(
@@ -51,6 +53,19 @@ async def produce(
             except BufferError:
                 if time.monotonic() > deadline:
                     raise
+
+
+def unknown_offset_id(partition: int) -> str:
+    """The id of a record that librdkafka reported delivered without an offset:
+    ``"<partition>-?<n>"``, ``n`` unique in the process.
+
+    librdkafka does so for records acknowledged implicitly (a send whose fate was unknown,
+    a timeout or a dropped connection, then a later batch of the partition succeeded, so
+    the broker has them) and for a resend the broker answered as a duplicate
+    (``DUPLICATE_SEQUENCE_NUMBER``, "treat as success, however offset and timestamp will
+    be invalid"). The record is written; where, the producer is not told.
+    """
+    return f"{partition}-?{next(_unknown_offsets)}"
 
 
 class Batch:
@@ -105,8 +120,15 @@ class Batch:
                 self._wake()
 
     def results(self) -> list[PublishResult]:
-        """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in)."""
-        return publish_results([f"{m.partition()}-{m.offset()}" for m in self.reports])
+        """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in);
+        ``unknown_offset_id`` for a record librdkafka delivered without an offset."""
+        ids = [f"{m.partition()}-{m.offset()}" for m in self.reports]
+        if "N" in "".join(ids):  # "<partition>-None": one join, no check per record
+            ids = [
+                unknown_offset_id(m.partition()) if m.offset() is None else i
+                for m, i in zip(self.reports, ids, strict=True)
+            ]
+        return publish_results(ids)
 
     def _wake(self) -> None:
         if threading.get_ident() == self._loop_thread:

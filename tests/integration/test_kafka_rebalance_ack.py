@@ -53,9 +53,11 @@ async def test_acks_during_a_revoke_are_recorded_by_its_final_commit() -> None:
         brokerkit.connect(f"{URL}?partitions=2") as first_broker,
         brokerkit.connect(f"{URL}?partitions=2") as second_broker,
     ):
-        await first_broker.publish_many(
-            queue, [brokerkit.Outgoing(f"m{i}".encode()) for i in range(MESSAGES)]
-        )
+        # two calls: a call's plain records go to one partition, the next call's to the next
+        for half in range(2):
+            await first_broker.publish_many(
+                queue, [brokerkit.Outgoing(f"m{half}-{i}".encode()) for i in range(MESSAGES // 2)]
+            )
         async with first_broker.consumer(queue, group, ack_timeout=60.0, prefetch=1) as first:
             held: list[brokerkit.Message] = []
             end = time.monotonic() + DEADLINE
@@ -64,6 +66,8 @@ async def test_acks_during_a_revoke_are_recorded_by_its_final_commit() -> None:
                 held.append(await asyncio.wait_for(iterator.__anext__(), end - time.monotonic()))
             assert len(held) == MESSAGES
             assert _partitions(first) == {0, 1}, "the first consumer owns both partitions"
+            held_in = {m.extras["partition"] for m in held}
+            assert held_in == {0, 1}, f"the held messages are all in partition {held_in}"
 
             async with second_broker.consumer(queue, group, ack_timeout=60.0) as second:
                 end = time.monotonic() + DEADLINE  # the join starts a rebalance

@@ -91,3 +91,67 @@ async def test_a_record_delivered_without_an_offset_gets_an_id_of_its_own() -> N
     again.report(0, None, StubMessage(None, 2))
     await again.future
     assert again.results()[0].id not in ids  # unique in the process, not per call
+
+
+async def test_a_run_is_matched_to_its_records_by_offset_whatever_the_report_order() -> None:
+    # produce_plain sent records 0-2 to partition 2 and 3-4 to partition 0, in two
+    # chunks: reports carry no index, and come in any order across threads
+    batch = Batch(asyncio.get_running_loop(), 5, ERRORS)
+    batch.run_slots = {2: [0, 1, 2], 0: [3, 4]}
+    for offset, partition in ((41, 2), (7, 0), (40, 2), (42, 2), (6, 0)):
+        batch.report_run(None, StubMessage(offset, partition))
+    await asyncio.wait_for(batch.future, 5.0)
+    assert [r.id for r in batch.results()] == ["2-40", "2-41", "2-42", "0-6", "0-7"]
+
+
+async def test_records_the_run_did_not_take_keep_their_own_reports_and_places() -> None:
+    # produce_batch took records 0, 2 and 4; 1 and 3 (queue full) went one by one after
+    batch = Batch(asyncio.get_running_loop(), 5, ERRORS)
+    batch.run_slots = {0: [0, 2, 4]}
+    batch.report(3, None, StubMessage(9, 5))
+    for offset in (10, 11, 12):
+        batch.report_run(None, StubMessage(offset, 0))
+    batch.report(1, None, StubMessage(8, 4))
+    await asyncio.wait_for(batch.future, 5.0)
+    assert [r.id for r in batch.results()] == ["0-10", "4-8", "0-11", "5-9", "0-12"]
+
+
+async def test_a_failed_report_of_the_run_fails_the_whole_call() -> None:
+    batch = Batch(asyncio.get_running_loop(), 2, ERRORS)
+    batch.run_slots = {1: [0, 1]}
+    batch.report_run(None, StubMessage(1, 1))
+    batch.report_run(KafkaError(KafkaError._MSG_TIMED_OUT), None)
+    with pytest.raises(BrokerUnavailable):
+        await asyncio.wait_for(batch.future, 5.0)
+
+
+async def test_a_call_in_one_chunk_is_paired_by_offset_too() -> None:
+    batch = Batch(asyncio.get_running_loop(), 3, ERRORS)
+    batch.run_slots = {4: [0, 1, 2]}
+    for offset in (12, 10, 11):
+        batch.report_run(None, StubMessage(offset, 4))
+    await asyncio.wait_for(batch.future, 5.0)
+    assert [r.id for r in batch.results()] == ["4-10", "4-11", "4-12"]
+
+
+async def test_a_run_with_a_report_without_an_offset_names_none_of_that_partition() -> None:
+    """A run's reports carry no index: paired by offset, a record without one cannot be
+    placed, so no record of that partition in this call gets a guessed offset. The other
+    partitions, and the records reported with their index, keep the broker's ids."""
+    batch = Batch(asyncio.get_running_loop(), 6, ERRORS)
+    batch.run_slots = {1: [0, 1, 2], 3: [3, 4]}
+    for offset, partition in ((20, 1), (None, 1), (21, 1), (50, 3), (51, 3)):
+        batch.report_run(None, StubMessage(offset, partition))
+    batch.report(5, None, StubMessage(None, 0))  # produced one by one: its own report
+    await asyncio.wait_for(batch.future, 5.0)
+    ids = [r.id for r in batch.results()]
+    assert ids[3:5] == ["3-50", "3-51"]
+    assert all(i.startswith("1-?") for i in ids[:3]), ids
+    assert ids[5].startswith("0-?"), ids
+    assert len(set(ids)) == 6, ids
+    one = Batch(asyncio.get_running_loop(), 2, ERRORS)  # the one-chunk shortcut too
+    one.run_slots = {4: [0, 1]}
+    one.report_run(None, StubMessage(7, 4))
+    one.report_run(None, StubMessage(None, 4))
+    await asyncio.wait_for(one.future, 5.0)
+    assert all(r.id.startswith("4-?") for r in one.results())

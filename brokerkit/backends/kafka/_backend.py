@@ -2,6 +2,8 @@
 
 * publish -> ``Producer.produce(topic, body, key, headers, on_delivery=...)`` with
   ``acks=all`` and ``enable.idempotence=true``; ``linger.ms`` from ``?linger=`` (2 ms);
+  a call of plain records (no fifo_group, dedup id or headers) is one ``produce_batch``
+  to one partition, the topic's partitions in turn (``_produce.produce_plain``);
   a call of 64+ records ends with ``flush(0.001)`` (sent without waiting out the
   linger); returns once every delivery report arrived. The record key is the
   fifo_group (else the dedup id, else none), so a group, and every copy of a dedup
@@ -57,7 +59,7 @@ from brokerkit.backends.kafka._options import (
     hosts_from_servers,
     options_from_url,
 )
-from brokerkit.backends.kafka._produce import Batch, Headers, produce
+from brokerkit.backends.kafka._produce import Batch, Headers, plain_bodies, produce, produce_plain
 from brokerkit.backends.kafka._receiver import KafkaReceiver
 from brokerkit.backends.kafka._sender import Sender
 
@@ -123,7 +125,9 @@ class KafkaBackend(Backend):
         self._loop_timer: asyncio.TimerHandle | None = None
         """Armed while the loop serves delivery reports itself (``_loop_poll``)."""
         self._loop_polled = 0.0
-        self._topics: dict[str, asyncio.Future[None]] = {}
+        self._topics: dict[str, asyncio.Future[dict[str, int]]] = {}
+        """Per queue: its topics made and ready, with their partition counts."""
+        self._turn = 0
         self._closed = False
 
     def __repr__(self) -> str:
@@ -180,7 +184,8 @@ class KafkaBackend(Backend):
             self._topics[name] = fut
         await asyncio.shield(fut)
 
-    def _create_topics(self, queue: str) -> None:
+    def _create_topics(self, queue: str) -> dict[str, int]:
+        """Make the queue's topics (if need be); their partition counts once ready."""
         admin = self._live_admin()
         opts, link = self.options, self.link
         ref = QueueRef(queue)
@@ -193,11 +198,14 @@ class KafkaBackend(Backend):
             )
             _results(futures.values(), KafkaError.TOPIC_ALREADY_EXISTS)
             deadline = time.monotonic() + _TOPIC_READY_TIMEOUT
+            counts = {}
             for name in wanted:
-                while not self._topic_ready(admin, name):
+                while not (count := self._topic_partitions(admin, name)):
                     if time.monotonic() > deadline:
                         raise self._unavailable(f"kafka: topic {name!r} is not in the metadata")
                     time.sleep(0.05)
+                counts[name] = count
+        return counts
 
     async def delete_queue(self, queue: str) -> None:
         """``delete_topics`` of the queue's topic and DLQ topic, awaited until the metadata
@@ -236,11 +244,13 @@ class KafkaBackend(Backend):
         return BrokerUnavailable(text, host=first.host, port=first.port)
 
     @staticmethod
-    def _topic_ready(admin: AdminClient, name: str) -> bool:
+    def _topic_partitions(admin: AdminClient, name: str) -> int:
+        """The topic's partition count once every partition has a leader, else 0."""
         meta = admin.list_topics(topic=name, timeout=5).topics.get(name)
         if meta is None or meta.error is not None or not meta.partitions:
-            return False
-        return all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+            return 0
+        ready = all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+        return len(meta.partitions) if ready else 0
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -362,12 +372,11 @@ class KafkaBackend(Backend):
     # -- publishing ---------------------------------------------------------------------------
 
     async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """One ``produce`` per message, one future for the whole batch (see ``Batch``).
-
-        The loop also serves ready delivery reports itself (``poll(0)`` every
-        ``_POLL_EVERY`` records and after the last): run on this thread they need
-        no GIL hand-over, whereas the poll thread, wanting the GIL for each report
-        while this loop runs, would get it only once per switch interval (5 ms).
+        """One ``produce_batch`` for plain records, else one ``produce`` per message; one
+        future for the whole call (see ``Batch``). The loop serves ready delivery reports
+        itself (``poll(0)`` every ``_POLL_EVERY`` records and after the last): run on this
+        thread they need no GIL hand-over, whereas the poll thread, wanting the GIL for
+        each report while this loop runs, gets it only once per switch interval (5 ms).
         """
         if not self._topic_known(queue.name):
             await self.declare(queue)
@@ -378,8 +387,20 @@ class KafkaBackend(Backend):
         produced = 0
         produce_now, poll = producer.produce, producer.poll
         report = batch.report
+        indexes: Iterable[int] = range(len(messages))
         try:
-            for msg in messages:
+            bodies = plain_bodies(messages)
+            if bodies is not None:
+                turn = functools.partial(self._turn_partition, queue, topic)
+                try:
+                    with errors:
+                        indexes, stale = produce_plain(producer, topic, turn, bodies, batch)
+                finally:
+                    produced = batch.run_taken
+                if stale:  # fewer partitions than when it was declared: read them again
+                    self._topics.pop(queue.name, None)
+            for index in indexes:
+                msg = messages[index]
                 record_headers: Headers | None = None
                 if msg.headers:
                     record_headers = [(k, v.encode()) for k, v in msg.headers.items()]
@@ -392,7 +413,7 @@ class KafkaBackend(Backend):
                     if dedup is not None:
                         record_headers.append((DEDUP_ID_HEADER, dedup.encode()))
                     key = (group if group is not None else str(dedup)).encode()
-                on_delivery = functools.partial(report, produced)
+                on_delivery = functools.partial(report, index)
                 try:  # the common case inline; a full queue or an error goes the slow way
                     produce_now(
                         topic, msg.body, key, headers=record_headers, on_delivery=on_delivery
@@ -437,6 +458,12 @@ class KafkaBackend(Backend):
         self._flush_soon = False
         if self._producer is not None:
             self._producer.flush(_FLUSH_WAIT)
+
+    def _turn_partition(self, queue: QueueRef, topic: str) -> int:
+        """The next partition of ``topic`` in turn (0 if its count is not known now)."""
+        self._turn += 1
+        known = self._topic_known(queue.name)
+        return self._turn % (self._topics[queue.name].result().get(topic, 1) if known else 1)
 
     def _topic_known(self, queue: str) -> bool:
         fut = self._topics.get(queue)

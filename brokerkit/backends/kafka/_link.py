@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError
 from brokerkit.backends import HostPort, QueueRef, Receiver
 from brokerkit.backends.kafka._errors import error_map
 from brokerkit.backends.kafka._options import KafkaOptions
+from brokerkit.backends.kafka._produce import MESSAGE_SET
 
 __all__ = ["FETCH_QUEUE_BACKOFF_MS", "KafkaLink"]
 
@@ -94,6 +95,7 @@ class KafkaLink:
                 # bounded: an unconfirmed record fails (BrokerUnavailable), never hangs
                 "message.timeout.ms": int(self.options.publish_timeout * 1000),
                 "message.max.bytes": 1_000_000,
+                "batch.num.messages": MESSAGE_SET,
             }
         )
         return conf

@@ -1,7 +1,8 @@
 """Handing records to librdkafka's producer and collecting their delivery reports.
 
 ``Batch`` counts down the reports of one ``publish`` call; ``produce`` hands over one
-record, waiting (bounded) while librdkafka's queue is full.
+record, waiting (bounded) while librdkafka's queue is full; ``produce_plain`` hands over
+the plain records of a call (no key, no headers) in ``produce_batch`` calls.
 """
 
 from __future__ import annotations
@@ -10,16 +11,25 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from brokerkit.backends import ErrorMap, PublishResult, publish_results
+from brokerkit.backends import ErrorMap, Outgoing, PublishResult, publish_results
 
-__all__ = ["Batch", "Headers", "produce"]
+__all__ = ["MESSAGE_SET", "Batch", "Headers", "plain_bodies", "produce", "produce_plain"]
 
 Headers = list[tuple[str, str | bytes | None]]
+MESSAGE_SET = 500
+"""Records per ``produce_batch`` call, and librdkafka's ``batch.num.messages`` (set by
+``KafkaLink``): a partition holding this many unsent records sends them at once instead
+of waiting out ``linger``, so a plain ``publish_many`` of 500 goes at once, while smaller
+calls and records produced one by one (fifo groups, dedup ids, headers) still share
+requests for up to ``linger``. 4 tasks each awaiting ``publish_many(500)``: 0.46-0.51 of
+the flush-once raw producer with librdkafka's 10 000, 0.65-0.67 with 500 (2026-12-05)."""
+PRODUCE_BATCH = hasattr(Producer, "produce_batch")
+"""confluent-kafka 2.12 and later: plain records go in batches (``produce_plain``)."""
 _FULL_WAIT = 30.0
 """Longest ``produce`` waits for room in librdkafka's queue."""
 _unknown_offsets = itertools.count(1)
@@ -68,6 +78,64 @@ def unknown_offset_id(partition: int) -> str:
     return f"{partition}-?{next(_unknown_offsets)}"
 
 
+def plain_bodies(messages: Sequence[Outgoing]) -> list[bytes] | None:
+    """The bodies for ``produce_plain`` if every message is plain (no fifo_group, dedup id
+    or headers) and this confluent-kafka has ``produce_batch``, else None."""
+    if not PRODUCE_BATCH:
+        return None
+    for m in messages:
+        if m.headers or m.fifo_group is not None or m.dedup_id is not None:
+            return None
+    return [m.body for m in messages]
+
+
+def produce_plain(
+    producer: Producer,
+    topic: str,
+    next_partition: Callable[[], int],
+    bodies: list[bytes],
+    batch: Batch,
+) -> tuple[list[int], bool]:
+    """Hand ``bodies`` (records without key or headers) to librdkafka in ``produce_batch``
+    calls of up to ``MESSAGE_SET``, each to the next partition (``next_partition``).
+    Returns the indexes it did not take (its queue full, a partition unknown...), to be
+    handed over one by one, and whether a partition was unknown to it (the topic has
+    fewer partitions than when it was declared).
+
+    One call and one callback for ``MESSAGE_SET`` records instead of a ``produce`` and a
+    callback object per record (0.77 us less per record, measured 2026-12-05). Their
+    reports carry no index: each chunk goes to one partition, and in one partition of
+    an idempotent producer the offsets follow the order the records were produced in, so
+    ``Batch.results`` pairs them by offset. (librdkafka's own partitioner sticks keyless
+    records to one partition for a while too; a large call is spread by its chunks.)
+    ``batch.run_taken`` counts what was handed over, also when a call raised.
+    """
+    failed: list[int] = []
+    unknown = False
+    slots = batch.run_slots
+    for start in range(0, len(bodies), MESSAGE_SET):
+        records: list[dict[str, Any]] = [
+            {"value": body} for body in bodies[start : start + MESSAGE_SET]
+        ]
+        partition = next_partition()
+        taken = producer.produce_batch(
+            topic, records, partition=partition, on_delivery=batch.report_run
+        )
+        batch.run_taken += taken
+        mine = slots.setdefault(partition, [])
+        if taken == len(records):
+            mine.extend(range(start, start + taken))
+            continue
+        for i, record in enumerate(records, start):
+            error = record.get("_error")
+            if error is None:
+                mine.append(i)
+            else:
+                failed.append(i)
+                unknown = unknown or error.code() == KafkaError._UNKNOWN_PARTITION
+    return failed, unknown
+
+
 class Batch:
     """The delivery reports of one ``publish`` call, counted down where they are served.
 
@@ -76,6 +144,10 @@ class Batch:
     last one completes the batch's future: at once when served on the loop's own
     thread, else with one ``call_soon_threadsafe`` per batch (not one future per
     record). The ids are built on the loop in ``results``.
+
+    Records handed over by ``produce_plain`` (the *run*) report to ``report_run``
+    instead, without an index: their ``Message``s are kept in ``_run`` and matched to
+    the call's records in ``results`` by offset, partition by partition.
     """
 
     __slots__ = (
@@ -85,8 +157,11 @@ class Batch:
         "_last",
         "_loop",
         "_loop_thread",
+        "_run",
         "future",
         "reports",
+        "run_slots",
+        "run_taken",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int, errors: ErrorMap):
@@ -99,6 +174,11 @@ class Batch:
         self._last = size - 1
         self._error: KafkaError | None = None
         self.reports: list[Any] = [None] * size
+        self._run: list[Any] = []
+        self.run_slots: dict[int, list[int]] = {}
+        """Per partition, the indexes of the run's records sent to it, in produce order."""
+        self.run_taken = 0
+        """How many records ``produce_plain`` handed over."""
         self.future: asyncio.Future[None] = loop.create_future()
         self.future.add_done_callback(_retrieve)
         if size == 0:
@@ -113,6 +193,15 @@ class Batch:
         if next(self._counted) == self._last:
             self._wake()
 
+    def report_run(self, err: KafkaError | None, msg: Any) -> None:
+        """librdkafka's delivery report of a record of the run (any thread)."""
+        if err is None:
+            self._run.append(msg)
+        elif self._error is None:
+            self._error = err
+        if next(self._counted) == self._last:
+            self._wake()
+
     def shrink(self, produced: int) -> None:
         """Only ``produced`` records were handed over (a produce call failed)."""
         for _ in range(len(self.reports) - produced):
@@ -120,15 +209,43 @@ class Batch:
                 self._wake()
 
     def results(self) -> list[PublishResult]:
-        """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in);
-        ``unknown_offset_id`` for a record librdkafka delivered without an offset."""
-        ids = [f"{m.partition()}-{m.offset()}" for m in self.reports]
-        if "N" in "".join(ids):  # "<partition>-None": one join, no check per record
-            ids = [
-                unknown_offset_id(m.partition()) if m.offset() is None else i
-                for m, i in zip(self.reports, ids, strict=True)
+        """One ``PublishResult`` per record, id ``"<partition>-<offset>"`` (all reports in).
+
+        The run's records are paired with their reports by offset, partition by partition
+        (an idempotent producer writes one partition's records in the order they were
+        produced). Where a report has no offset (``unknown_offset_id``), its record cannot
+        be told from the others of its partition in this call: each of them gets an
+        ``unknown_offset_id`` rather than a guess. A report outside the run has its index:
+        only that record does.
+        """
+        run, slots = self._run, self.run_slots
+        if len(slots) == 1 and len(run) == len(self.reports):  # the common case: one chunk
+            ((partition, _),) = slots.items()
+            ordered = [m.offset() for m in run]
+            if None not in ordered:
+                ordered.sort()  # produce order (they come in it anyway)
+                prefix = f"{partition}-"
+                return publish_results([prefix + str(offset) for offset in ordered])
+        out = [f"{m.partition()}-{m.offset()}" if m is not None else "" for m in self.reports]
+        if "N" in "".join(out):  # "<partition>-None": one join, no check per record
+            out = [
+                unknown_offset_id(m.partition()) if m is not None and m.offset() is None else i
+                for m, i in zip(self.reports, out, strict=True)
             ]
-        return publish_results(ids)
+        offsets: dict[int, list[Any]] = {}
+        for m in run:
+            offsets.setdefault(m.partition(), []).append(m.offset())
+        for partition, got in offsets.items():
+            mine = slots[partition]
+            if None in got:
+                for slot in mine:
+                    out[slot] = unknown_offset_id(partition)
+                continue
+            got.sort()  # produce order
+            prefix = f"{partition}-"
+            for slot, offset in zip(mine, got, strict=True):
+                out[slot] = prefix + str(offset)
+        return publish_results(out)
 
     def _wake(self) -> None:
         if threading.get_ident() == self._loop_thread:

@@ -54,12 +54,17 @@ async def _count_sent(consumer: brokerkit.Consumer, seen: list[str]) -> None:
         await msg.ack()
 
 
-async def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+async def _until(check: Callable[[], bool | Awaitable[bool]], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while not check():
+    while not await _holds(check):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def _holds(check: Callable[[], bool | Awaitable[bool]]) -> bool:
+    result = check()
+    return await result if not isinstance(result, bool) else result
 
 
 def _scrape(port: int) -> str:
@@ -71,18 +76,20 @@ async def _acked_at_least(port: int, queue: str, count: int) -> str:
     """Scrape the worker's /metrics until its acked counter for ``queue`` reaches ``count``;
     the last page."""
     series = 'brokerkit_acked_total{group="mailer",queue="' + queue + '"} '
-    deadline = time.monotonic() + 60
-    while True:
+    page = [""]
+
+    async def reached() -> bool:
         try:
-            text = await asyncio.to_thread(_scrape, port)
+            page[0] = await asyncio.to_thread(_scrape, port)
         except OSError:  # not serving yet: the worker is still starting
-            text = ""
-        for line in text.splitlines():
-            if line.startswith(series) and float(line[len(series) :]) >= count:
-                return text
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the worker did not ack {count} messages within 60s")
-        await asyncio.sleep(0.02)
+            return False
+        return any(
+            line.startswith(series) and float(line[len(series) :]) >= count
+            for line in page[0].splitlines()
+        )
+
+    await _until(reached, 60, f"the worker's /metrics to count {count} acks")
+    return page[0]
 
 
 async def _check_outcome(broker: brokerkit.Broker, queue: str, sent: list[str]) -> None:

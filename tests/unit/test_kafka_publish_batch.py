@@ -99,7 +99,7 @@ async def test_a_run_is_matched_to_its_records_by_offset_whatever_the_report_ord
     batch = Batch(asyncio.get_running_loop(), 5, ERRORS)
     batch.run_slots = {2: [0, 1, 2], 0: [3, 4]}
     for offset, partition in ((41, 2), (7, 0), (40, 2), (42, 2), (6, 0)):
-        batch.report_run(None, StubMessage(offset, partition))
+        batch.run_report(partition)(None, StubMessage(offset, partition))
     await asyncio.wait_for(batch.future, 5.0)
     assert [r.id for r in batch.results()] == ["2-40", "2-41", "2-42", "0-6", "0-7"]
 
@@ -110,7 +110,7 @@ async def test_records_the_run_did_not_take_keep_their_own_reports_and_places() 
     batch.run_slots = {0: [0, 2, 4]}
     batch.report(3, None, StubMessage(9, 5))
     for offset in (10, 11, 12):
-        batch.report_run(None, StubMessage(offset, 0))
+        batch.run_report(0)(None, StubMessage(offset, 0))
     batch.report(1, None, StubMessage(8, 4))
     await asyncio.wait_for(batch.future, 5.0)
     assert [r.id for r in batch.results()] == ["0-10", "4-8", "0-11", "5-9", "0-12"]
@@ -119,8 +119,8 @@ async def test_records_the_run_did_not_take_keep_their_own_reports_and_places() 
 async def test_a_failed_report_of_the_run_fails_the_whole_call() -> None:
     batch = Batch(asyncio.get_running_loop(), 2, ERRORS)
     batch.run_slots = {1: [0, 1]}
-    batch.report_run(None, StubMessage(1, 1))
-    batch.report_run(KafkaError(KafkaError._MSG_TIMED_OUT), None)
+    batch.run_report(1)(None, StubMessage(1, 1))
+    batch.run_report(1)(KafkaError(KafkaError._MSG_TIMED_OUT), None)
     with pytest.raises(BrokerUnavailable):
         await asyncio.wait_for(batch.future, 5.0)
 
@@ -129,7 +129,7 @@ async def test_a_call_in_one_chunk_is_paired_by_offset_too() -> None:
     batch = Batch(asyncio.get_running_loop(), 3, ERRORS)
     batch.run_slots = {4: [0, 1, 2]}
     for offset in (12, 10, 11):
-        batch.report_run(None, StubMessage(offset, 4))
+        batch.run_report(4)(None, StubMessage(offset, 4))
     await asyncio.wait_for(batch.future, 5.0)
     assert [r.id for r in batch.results()] == ["4-10", "4-11", "4-12"]
 
@@ -141,7 +141,7 @@ async def test_a_run_with_a_report_without_an_offset_names_none_of_that_partitio
     batch = Batch(asyncio.get_running_loop(), 6, ERRORS)
     batch.run_slots = {1: [0, 1, 2], 3: [3, 4]}
     for offset, partition in ((20, 1), (None, 1), (21, 1), (50, 3), (51, 3)):
-        batch.report_run(None, StubMessage(offset, partition))
+        batch.run_report(partition)(None, StubMessage(offset, partition))
     batch.report(5, None, StubMessage(None, 0))  # produced one by one: its own report
     await asyncio.wait_for(batch.future, 5.0)
     ids = [r.id for r in batch.results()]
@@ -151,7 +151,7 @@ async def test_a_run_with_a_report_without_an_offset_names_none_of_that_partitio
     assert len(set(ids)) == 6, ids
     one = Batch(asyncio.get_running_loop(), 2, ERRORS)  # the one-chunk shortcut too
     one.run_slots = {4: [0, 1]}
-    one.report_run(None, StubMessage(7, 4))
-    one.report_run(None, StubMessage(None, 4))
+    one.run_report(4)(None, StubMessage(7, 4))
+    one.run_report(4)(None, StubMessage(None, 4))
     await asyncio.wait_for(one.future, 5.0)
     assert all(r.id.startswith("4-?") for r in one.results())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,42 +30,44 @@ class PublishResult:
     duplicate: bool | None = None
 
 
-_new = object.__new__
-_set_id = vars(PublishResult)["id"].__set__
-_set_duplicate = vars(PublishResult)["duplicate"].__set__
+def _unfrozen(cls: type) -> Any:
+    """A class with ``cls``'s slots and neither its frozen ``__setattr__`` nor its
+    ``__init__``. An instance filled in through it, then given ``cls`` as its class (the
+    same layout, so CPython allows the switch), is an ordinary frozen ``cls``, built at a
+    third of the cost of ``cls(...)``, whose ``__init__`` sets each field through
+    ``object.__setattr__`` (2026-12-05: ``outgoing`` 269 -> ~110 ns, ``publish_results``
+    153 -> 98 ns per result). ``tests/unit/test_message_build.py`` holds them equal."""
+    return type(f"_Unfrozen{cls.__name__}", (), {"__slots__": vars(cls)["__slots__"]})
 
 
-_set_body = vars(Outgoing)["body"].__set__
-_set_fifo_group = vars(Outgoing)["fifo_group"].__set__
-_set_dedup_id = vars(Outgoing)["dedup_id"].__set__
-_set_headers = vars(Outgoing)["headers"].__set__
+_OutgoingBeingBuilt = _unfrozen(Outgoing)
+_PublishResultBeingBuilt = _unfrozen(PublishResult)
 
 
 def outgoing(
     body: bytes, fifo_group: str | None, dedup_id: str | None, headers: Mapping[str, str]
 ) -> Outgoing:
-    """``Outgoing(body, fifo_group, dedup_id, headers)`` at a fifth of the cost, for
-    ``Broker.publish`` (one per call); the same slot setters as ``publish_results``."""
-    msg = _new(Outgoing)
-    _set_body(msg, body)
-    _set_fifo_group(msg, fifo_group)
-    _set_dedup_id(msg, dedup_id)
-    _set_headers(msg, headers)
-    return msg
+    """``Outgoing(body, fifo_group, dedup_id, headers)`` at a fraction of the cost, for
+    ``Broker.publish`` (one per call); see ``_unfrozen``."""
+    msg = _OutgoingBeingBuilt()
+    msg.body = body
+    msg.fifo_group = fifo_group
+    msg.dedup_id = dedup_id
+    msg.headers = headers
+    msg.__class__ = Outgoing
+    return msg  # type: ignore[no-any-return]  # an Outgoing, since its class was set
 
 
 def publish_results(ids: Iterable[str]) -> list[PublishResult]:
-    """``[PublishResult(id) for id in ids]`` at half the cost, for a backend's hot path.
-
-    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; the
-    slots' own descriptors set them directly (the result is an ordinary PublishResult).
-    """
-    out: list[PublishResult] = []
+    """``[PublishResult(id) for id in ids]`` at a fraction of the cost, for a backend's hot
+    path; see ``_unfrozen``."""
+    out: list[Any] = []  # of PublishResult, once each one's class is set
     append = out.append
     for id_ in ids:
-        result = _new(PublishResult)
-        _set_id(result, id_)
-        _set_duplicate(result, None)
+        result = _PublishResultBeingBuilt()
+        result.id = id_
+        result.duplicate = None
+        result.__class__ = PublishResult
         append(result)
     return out
 

@@ -1,7 +1,7 @@
 """A Kafka publish of plain records: ``produce_batch`` calls (``produce_plain``).
 
 Their delivery reports carry no index, so each chunk of ``MESSAGE_SET`` records goes to
-one partition (the next one in turn) and the reports are matched to them by offset.
+one partition (``PartitionTurn``) and the reports are matched to them by offset.
 Here every result id must name the record that was published with it (read back by
 id), for single calls, concurrent ones, and a call that librdkafka's queue could take
 only part of (the rest go one by one). Against the shared broker

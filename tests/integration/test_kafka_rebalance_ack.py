@@ -27,6 +27,8 @@ pytest.importorskip("confluent_kafka")
 
 import brokerkit
 from brokerkit.backends import QueueRef, ReceiverSettings
+from brokerkit.backends.kafka import KafkaBackend
+from brokerkit.backends.kafka._produce import MESSAGE_SET
 from brokerkit.backends.kafka._receiver import KafkaReceiver
 from contract_tests._helpers import nothing_within
 
@@ -53,11 +55,15 @@ async def test_acks_during_a_revoke_are_recorded_by_its_final_commit() -> None:
         brokerkit.connect(f"{URL}?partitions=2") as first_broker,
         brokerkit.connect(f"{URL}?partitions=2") as second_broker,
     ):
-        # two calls: a call's plain records go to one partition, the next call's to the next
+        # two calls, one per partition: plain records go to one partition until it got a
+        # whole message set (PartitionTurn), so the first call's set is ended by hand
         for half in range(2):
             await first_broker.publish_many(
                 queue, [brokerkit.Outgoing(f"m{half}-{i}".encode()) for i in range(MESSAGES // 2)]
             )
+            backend = first_broker.backend
+            assert isinstance(backend, KafkaBackend)
+            backend._turn.next(2, MESSAGE_SET)
         async with first_broker.consumer(queue, group, ack_timeout=60.0, prefetch=1) as first:
             held: list[brokerkit.Message] = []
             end = time.monotonic() + DEADLINE

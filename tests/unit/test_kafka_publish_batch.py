@@ -18,7 +18,7 @@ from confluent_kafka import KafkaError
 
 from brokerkit.backends import BrokerUnavailable, HostPort
 from brokerkit.backends.kafka._errors import error_map
-from brokerkit.backends.kafka._produce import Batch
+from brokerkit.backends.kafka._produce import MESSAGE_SET, Batch, PartitionTurn
 
 ERRORS = error_map((HostPort("127.0.0.1", 9092),))
 
@@ -155,3 +155,17 @@ async def test_a_run_with_a_report_without_an_offset_names_none_of_that_partitio
     one.run_report(4)(None, StubMessage(None, 4))
     await asyncio.wait_for(one.future, 5.0)
     assert all(r.id.startswith("4-?") for r in one.results())
+
+
+def test_plain_records_fill_a_partition_with_a_message_set_before_the_turn_moves_on() -> None:
+    turn = PartitionTurn()
+    half = MESSAGE_SET // 2
+    # two batches of half a set (the coalescer's) share a partition: librdkafka then
+    # holds a full set for it and sends at once, instead of each after linger
+    first = turn.next(6, half)
+    assert turn.next(6, half) == first
+    second = turn.next(6, MESSAGE_SET)  # a whole publish_many(500) fills one alone
+    assert second == (first + 1) % 6
+    assert turn.next(6, 1) == (second + 1) % 6
+    assert [turn.next(1, MESSAGE_SET) for _ in range(3)] == [0, 0, 0]  # one partition
+    assert all(0 <= turn.next(3, 7) < 3 for _ in range(200))

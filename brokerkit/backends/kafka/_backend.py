@@ -2,10 +2,9 @@
 
 * publish -> ``Producer.produce(topic, body, key, headers, on_delivery=...)`` with
   ``acks=all`` and ``enable.idempotence=true``; ``linger.ms`` from ``?linger=`` (2 ms);
-  a call of plain records (no fifo_group, dedup id or headers) is one ``produce_batch``
-  to one partition, the topic's partitions in turn (``_produce.produce_plain``);
-  a call of 64+ records ends with ``flush(0.001)`` (sent without waiting out the
-  linger); returns once every delivery report arrived. The record key is the
+  plain records (no fifo_group, dedup id or headers) go in ``produce_batch`` calls
+  (``_produce.produce_plain``, ``PartitionTurn``); a call of 64+ records ends with
+  ``flush(0.001)``; returns once every delivery report arrived. The record key is the
   fifo_group (else the dedup id, else none), so a group, and every copy of a dedup
   id, lives in one partition. A DLQ ref publishes to the DLQ topic (the seam's
   copy-then-settle ``dead_letter`` goes through here).
@@ -59,7 +58,14 @@ from brokerkit.backends.kafka._options import (
     hosts_from_servers,
     options_from_url,
 )
-from brokerkit.backends.kafka._produce import Batch, Headers, plain_bodies, produce, produce_plain
+from brokerkit.backends.kafka._produce import (
+    Batch,
+    Headers,
+    PartitionTurn,
+    plain_bodies,
+    produce,
+    produce_plain,
+)
 from brokerkit.backends.kafka._receiver import KafkaReceiver
 from brokerkit.backends.kafka._sender import Sender
 
@@ -127,7 +133,7 @@ class KafkaBackend(Backend):
         self._loop_polled = 0.0
         self._topics: dict[str, asyncio.Future[dict[str, int]]] = {}
         """Per queue: its topics made and ready, with their partition counts."""
-        self._turn = 0
+        self._turn = PartitionTurn()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -372,12 +378,10 @@ class KafkaBackend(Backend):
     # -- publishing ---------------------------------------------------------------------------
 
     async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
-        """One ``produce_batch`` for plain records, else one ``produce`` per message; one
-        future for the whole call (see ``Batch``). The loop serves ready delivery reports
-        itself (``poll(0)`` every ``_POLL_EVERY`` records and after the last): run on this
-        thread they need no GIL hand-over, whereas the poll thread, wanting the GIL for
-        each report while this loop runs, gets it only once per switch interval (5 ms).
-        """
+        """``produce_batch`` for plain records, else ``produce`` per message; one future
+        for the call (``Batch``). The loop serves ready reports itself (``poll(0)`` every
+        ``_POLL_EVERY`` records and after the last): on this thread they need no GIL
+        hand-over; the poll thread gets the GIL once per switch interval (5 ms)."""
         if not self._topic_known(queue.name):
             await self.declare(queue)
         topic = self.link.topic(queue)
@@ -391,7 +395,7 @@ class KafkaBackend(Backend):
         try:
             bodies = plain_bodies(messages)
             if bodies is not None:
-                turn = functools.partial(self._turn_partition, queue, topic)
+                turn = functools.partial(self._turn.next, self._partition_count(queue, topic))
                 try:
                     with errors:
                         indexes, stale = produce_plain(producer, topic, turn, bodies, batch)
@@ -459,11 +463,10 @@ class KafkaBackend(Backend):
         if self._producer is not None:
             self._producer.flush(_FLUSH_WAIT)
 
-    def _turn_partition(self, queue: QueueRef, topic: str) -> int:
-        """The next partition of ``topic`` in turn (0 if its count is not known now)."""
-        self._turn += 1
+    def _partition_count(self, queue: QueueRef, topic: str) -> int:
+        """How many partitions ``topic`` has (1 if that is not known now)."""
         known = self._topic_known(queue.name)
-        return self._turn % (self._topics[queue.name].result().get(topic, 1) if known else 1)
+        return self._topics[queue.name].result().get(topic, 1) if known else 1
 
     def _topic_known(self, queue: str) -> bool:
         fut = self._topics.get(queue)

@@ -55,15 +55,15 @@ async def test_acks_during_a_revoke_are_recorded_by_its_final_commit() -> None:
         brokerkit.connect(f"{URL}?partitions=2") as first_broker,
         brokerkit.connect(f"{URL}?partitions=2") as second_broker,
     ):
-        # two calls, one per partition: plain records go to one partition until it got a
-        # whole message set (PartitionTurn), so the first call's set is ended by hand
+        # two calls, one per partition: plain records go to one partition while they fit
+        # in its message set (PartitionTurn), so the first call's set is filled by hand
+        backend = first_broker.backend
         for half in range(2):
             await first_broker.publish_many(
                 queue, [brokerkit.Outgoing(f"m{half}-{i}".encode()) for i in range(MESSAGES // 2)]
             )
-            backend = first_broker.backend
             assert isinstance(backend, KafkaBackend)
-            backend._turn.next(2, MESSAGE_SET)
+            backend._turns[backend.link.topic(QueueRef(queue))].next(2, MESSAGE_SET - MESSAGES // 2)
         async with first_broker.consumer(queue, group, ack_timeout=60.0, prefetch=1) as first:
             held: list[brokerkit.Message] = []
             end = time.monotonic() + DEADLINE

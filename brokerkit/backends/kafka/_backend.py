@@ -133,7 +133,7 @@ class KafkaBackend(Backend):
         self._loop_polled = 0.0
         self._topics: dict[str, asyncio.Future[dict[str, int]]] = {}
         """Per queue: its topics made and ready, with their partition counts."""
-        self._turn = PartitionTurn()
+        self._turns: dict[str, PartitionTurn] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -395,7 +395,8 @@ class KafkaBackend(Backend):
         try:
             bodies = plain_bodies(messages)
             if bodies is not None:
-                turn = functools.partial(self._turn.next, self._partition_count(queue, topic))
+                turns = self._turns.get(topic) or self._turns.setdefault(topic, PartitionTurn())
+                turn = functools.partial(turns.next, self._partition_count(queue, topic))
                 try:
                     with errors:
                         indexes, stale = produce_plain(producer, topic, turn, bodies, batch)
@@ -432,20 +433,19 @@ class KafkaBackend(Backend):
         finally:
             if produced < len(messages):
                 batch.shrink(produced)
-        if produced >= _FLUSH_MIN and not self._awaiting:
+        if bodies is not None and batch.run_taken == len(messages) and turns.whole():
+            poll(0)  # whole message sets, sent at once: a flush only blocks (docs)
+        elif produced >= _FLUSH_MIN and not self._awaiting:
             # Send now (no linger) and serve the reports here, once the publishes the
             # loop runs in this turn have produced too: one flush for all of them (the
-            # coalescer sends up to four batches in one turn; flushing after the first
-            # blocked the loop for the round trip before the next one could produce).
+            # coalescer sends up to four batches in one turn).
             if not self._flush_soon:
                 self._flush_soon = True
                 asyncio.get_running_loop().call_soon(self._flush_now)
         else:
-            # Others in flight: flush would block this loop for _FLUSH_WAIT waiting for
-            # their records too (4 concurrent callers spent ~40 % of their time there),
-            # while the requests in flight keep the producer sending; ours go within
-            # ``linger`` at worst. Alone, a small call has the sender thread flush: sent
-            # at once, without blocking the loop (``_sender``).
+            # Others in flight: flush would block this loop for their records too (4
+            # callers spent ~40 % of their time there); ours go within ``linger`` at
+            # worst. Alone, a small call has the sender thread flush (``_sender``).
             poll(0)
             if not self._awaiting and self._sender is not None:
                 self._sender.send_now(batch.future.done)

@@ -98,13 +98,14 @@ def plain_bodies(messages: Sequence[Outgoing]) -> list[bytes] | None:
 
 
 class PartitionTurn:
-    """Which partition the next plain records go to: the same one until it was given
-    ``MESSAGE_SET`` records, then the next in turn.
+    """Which partition of one topic the next plain records go to: the same one while
+    they fit in its ``MESSAGE_SET``, then the next in turn.
 
     librdkafka sends a partition's records at once when ``MESSAGE_SET`` of them wait,
     instead of after ``linger``. A ``publish_many`` of 500 fills one alone; the
     coalescer's batches of 250 (many tasks each awaiting ``publish()``) fill one two by
     two, where turning at each call sent each batch alone after ``linger`` or a flush.
+    A call whose records completed their set (``whole``) need not flush.
     """
 
     __slots__ = ("_filled", "_turn")
@@ -114,12 +115,18 @@ class PartitionTurn:
         self._filled = 0
 
     def next(self, partitions: int, records: int) -> int:
-        """The partition (of ``partitions``) for the next ``records`` records."""
-        if self._filled >= MESSAGE_SET:
+        """The partition (of ``partitions``) for the next ``records`` records (at most
+        ``MESSAGE_SET``)."""
+        if self._filled + records > MESSAGE_SET:
             self._turn += 1
             self._filled = 0
         self._filled += records
         return self._turn % partitions
+
+    def whole(self) -> bool:
+        """The last records given completed their partition's set: librdkafka sends them
+        without waiting for ``linger``."""
+        return self._filled == MESSAGE_SET
 
 
 def produce_plain(

@@ -4,10 +4,10 @@
   ``acks=all`` and ``enable.idempotence=true``; ``linger.ms`` from ``?linger=`` (2 ms);
   plain records (no fifo_group, dedup id or headers) go in ``produce_batch`` calls
   (``_produce.produce_plain``, ``PartitionTurn``); a call of 64+ records ends with
-  ``flush(0.001)``; returns once every delivery report arrived. The record key is the
-  fifo_group (else the dedup id, else none), so a group, and every copy of a dedup
-  id, lives in one partition. A DLQ ref publishes to the DLQ topic (the seam's
-  copy-then-settle ``dead_letter`` goes through here).
+  ``flush(0.001)`` unless it completed whole sets; returns once every report arrived. The
+  record key is the fifo_group (else the dedup id, else none), so a group, and every
+  copy of a dedup id, lives in one partition. A DLQ ref publishes to the DLQ topic (the
+  seam's copy-then-settle ``dead_letter`` goes through here).
 * queue -> topic ``<prefix>.<queue>`` (``?partitions=``) plus DLQ topic
   ``<prefix>-dlq.<queue>`` (one partition: total death order), created with the
   AdminClient on first use or by ``declare`` (TOPIC_ALREADY_EXISTS is success) and

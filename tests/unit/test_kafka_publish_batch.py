@@ -163,15 +163,11 @@ def test_plain_records_fill_a_partition_with_a_message_set_before_the_turn_moves
     # two batches of half a set (the coalescer's) share a partition: librdkafka then
     # holds a full set for it and sends at once, instead of each after linger
     first = turn.next(6, half)
-    assert not turn.whole()
     assert turn.next(6, half) == first
-    assert turn.whole()  # that call need not flush
     second = turn.next(6, MESSAGE_SET)  # a whole publish_many(500) fills one alone
     assert second == (first + 1) % 6
-    assert turn.whole()
     third = turn.next(6, 1)
     assert third == (second + 1) % 6
-    assert not turn.whole()
     assert turn.next(6, MESSAGE_SET - 2) == third  # fits: 1 + 498
     assert turn.next(6, 2) == (third + 1) % 6  # does not fit in what is left (1)
     assert [turn.next(1, MESSAGE_SET) for _ in range(3)] == [0, 0, 0]  # one partition

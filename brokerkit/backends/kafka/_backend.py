@@ -85,8 +85,7 @@ _FLUSH_WAIT = 0.001
 """A ``publish`` of at least ``_FLUSH_MIN`` records is followed by ``flush(_FLUSH_WAIT)``
 (at the end of the loop turn) when no other publish was in flight (see ``publish``)."""
 _LOOP_POLL = 0.0005
-"""While two or more ``publish`` calls await reports, the loop serves them itself this
-often (see ``_loop_poll``)."""
+"""How often the loop serves reports itself while it does (see ``_loop_poll``)."""
 _LOOP_POLL_STALE = 0.02
 """The poll thread steps aside only while the loop served reports this recently."""
 
@@ -343,14 +342,15 @@ class KafkaBackend(Backend):
             producer.poll(0.01)
 
     def _loop_poll(self) -> None:
-        """While two or more ``publish`` calls await their reports, the loop serves them
-        every ``_LOOP_POLL`` and the poll thread steps aside (4 concurrent ``publish_many``:
-        1.15x, docs/backends/kafka.md). One lone call keeps the poll thread, which serves
-        its report the moment it arrives (a timer would add up to a millisecond to its
-        latency). A blocked loop stops polling: after ``_LOOP_POLL_STALE`` the thread
+        """From a flushed call or two calls awaiting until none awaits, the loop serves
+        reports every ``_LOOP_POLL`` and the poll thread steps aside (4 concurrent
+        ``publish_many``: 1.15x). Waiting in ``poll``, that thread took the reports a
+        flush waited for, which then waited out its 1 ms (docs/backends/kafka.md). A lone
+        small call keeps the poll thread, which serves its report at once (a timer would
+        add up to a millisecond). After ``_LOOP_POLL_STALE`` (a blocked loop) the thread
         serves again."""
         producer = self._producer
-        if producer is None or self._awaiting < 2:
+        if producer is None or not self._awaiting:
             self._loop_timer = None
             return
         self._loop_polled = time.monotonic()
@@ -433,9 +433,8 @@ class KafkaBackend(Backend):
         finally:
             if produced < len(messages):
                 batch.shrink(produced)
-        if bodies is not None and batch.run_taken == len(messages) and turns.whole():
-            poll(0)  # whole message sets, sent at once: a flush only blocks (docs)
-        elif produced >= _FLUSH_MIN and not self._awaiting:
+        flushed = produced >= _FLUSH_MIN and not self._awaiting
+        if flushed:
             # Send now (no linger) and serve the reports here, once the publishes the
             # loop runs in this turn have produced too: one flush for all of them (the
             # coalescer sends up to four batches in one turn).
@@ -450,7 +449,7 @@ class KafkaBackend(Backend):
             if not self._awaiting and self._sender is not None:
                 self._sender.send_now(batch.future.done)
         self._awaiting += 1
-        if self._awaiting >= 2 and self._loop_timer is None:
+        if self._loop_timer is None and (flushed or self._awaiting >= 2):
             self._loop_poll()
         try:
             await batch.future

@@ -105,7 +105,7 @@ class PartitionTurn:
     instead of after ``linger``. A ``publish_many`` of 500 fills one alone; the
     coalescer's batches of 250 (many tasks each awaiting ``publish()``) fill one two by
     two, where turning at each call sent each batch alone after ``linger`` or a flush.
-    A call whose records completed their set (``whole``) need not flush.
+    A call of a whole set starts a partition of its own, so it is sent at once.
     """
 
     __slots__ = ("_filled", "_turn")
@@ -122,11 +122,6 @@ class PartitionTurn:
             self._filled = 0
         self._filled += records
         return self._turn % partitions
-
-    def whole(self) -> bool:
-        """The last records given completed their partition's set: librdkafka sends them
-        without waiting for ``linger``."""
-        return self._filled == MESSAGE_SET
 
 
 def produce_plain(

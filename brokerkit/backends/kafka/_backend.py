@@ -3,11 +3,11 @@
 * publish -> ``Producer.produce(topic, body, key, headers, on_delivery=...)`` with
   ``acks=all`` and ``enable.idempotence=true``; ``linger.ms`` from ``?linger=`` (2 ms);
   plain records (no fifo_group, dedup id or headers) go in ``produce_batch`` calls
-  (``_produce.produce_plain``, ``PartitionTurn``); a call of 64+ records ends with
-  ``flush(0.001)`` unless it completed whole sets; returns once every report arrived. The
-  record key is the fifo_group (else the dedup id, else none), so a group, and every
-  copy of a dedup id, lives in one partition. A DLQ ref publishes to the DLQ topic (the
-  seam's copy-then-settle ``dead_letter`` goes through here).
+  (``_produce.produce_plain``, ``PartitionTurn``); a call of 64+ records made alone ends
+  with ``flush(0.001)``; returns once every report arrived. The record key is the
+  fifo_group (else the dedup id, else none), so a group, and every copy of a dedup id,
+  lives in one partition. A DLQ ref publishes to the DLQ topic (the seam's
+  copy-then-settle ``dead_letter`` goes through here).
 * queue -> topic ``<prefix>.<queue>`` (``?partitions=``) plus DLQ topic
   ``<prefix>-dlq.<queue>`` (one partition: total death order), created with the
   AdminClient on first use or by ``declare`` (TOPIC_ALREADY_EXISTS is success) and
@@ -342,13 +342,13 @@ class KafkaBackend(Backend):
             producer.poll(0.01)
 
     def _loop_poll(self) -> None:
-        """From a flushed call or two calls awaiting until none awaits, the loop serves
-        reports every ``_LOOP_POLL`` and the poll thread steps aside (4 concurrent
-        ``publish_many``: 1.15x). Waiting in ``poll``, that thread took the reports a
-        flush waited for, which then waited out its 1 ms (docs/backends/kafka.md). A lone
-        small call keeps the poll thread, which serves its report at once (a timer would
-        add up to a millisecond). After ``_LOOP_POLL_STALE`` (a blocked loop) the thread
-        serves again."""
+        """Started by a flushed call or a second call in flight, until no call awaits: the
+        loop serves reports every ``_LOOP_POLL`` and the poll thread steps aside (4
+        concurrent ``publish_many``: 1.15x). Waiting in ``poll``, that thread took the
+        reports a flush waited for, which then waited out its 1 ms (docs/backends/kafka.md).
+        A lone small call keeps the poll thread, which serves its report at once (a timer
+        would add up to a millisecond). After ``_LOOP_POLL_STALE`` (a blocked loop) the
+        thread serves again."""
         producer = self._producer
         if producer is None or not self._awaiting:
             self._loop_timer = None

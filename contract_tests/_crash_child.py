@@ -5,6 +5,9 @@ environment variable ``BROKERKIT_CHILD_URL`` (never on the command line). It con
 one queue for one group and writes one JSON object per line to stdout:
 
 * ``{"ev": "ready"}`` once the consumer is open;
+* ``{"ev": "got", "body": ..., "id": ..., "attempt": n, "t": monotonic}`` for every
+  message the iterator hands out, before it is handled (a failure then shows who got
+  what, and in which order);
 * ``{"ev": "ack", "body": ..., "id": ..., "attempt": n, "t": monotonic}`` after an
   ``ack()`` returned (``"ack_error"`` with the error's type if it raised);
 * ``{"ev": "hold", ...}`` when it received a message whose body is in ``poison``: it then
@@ -50,6 +53,7 @@ async def consume(settings: dict[str, Any], stop: asyncio.Event) -> None:
         emit("ready")
         async for msg in consumer:
             fields = {"body": msg.body.decode(), "id": msg.id, "attempt": msg.attempt}
+            emit("got", t=time.monotonic(), **fields)
             if msg.body in poison:
                 emit("hold", t=time.monotonic(), **fields)
                 await stop.wait()  # the handler "works" on it until the parent kills us

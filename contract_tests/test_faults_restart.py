@@ -25,7 +25,15 @@ from collections.abc import Callable
 
 import pytest
 
-from ._faults import NOT_RUN, in_process, record, run_hook, secrets_of
+from ._faults import (
+    NOT_RUN,
+    in_process,
+    library_warnings,
+    most_frequent,
+    record,
+    run_hook,
+    secrets_of,
+)
 from ._helpers import SCALE, WAIT, eventually, receive
 from ._proxy import first_address
 from ._stream import AFTER_RECOVERY, KILL_GRACE, Stream, violations
@@ -59,6 +67,7 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
         )
     timeout = float(request.config.getoption("--restart-timeout"))
     started = time.monotonic()
+    warned = library_warnings(request)
     producer = await connect()
     slack = producer.capabilities.redelivery_slack
     flush = producer.capabilities.ack_flush_interval
@@ -81,7 +90,7 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
     timed_out = ""
     fault_start = fault_end = time.monotonic()
     killed: tuple[float, float] | None = None  # the kill happened in (last open, refused]
-    hook_s = 0.0
+    hook_s, hook_said = 0.0, ""
     try:
         await eventually(
             lambda: len(stream.acked()) >= BEFORE or bool(stream.iterator_errors),
@@ -91,7 +100,9 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
         fault_start = time.monotonic()
         down = asyncio.ensure_future(_first_refusal(str(broker_url)))
         try:
-            hook_s, _ = await asyncio.to_thread(run_hook, command, timeout, secrets_of(broker_url))
+            hook_s, hook_said = await asyncio.to_thread(
+                run_hook, command, timeout, secrets_of(broker_url)
+            )
         finally:
             killed = down.result() if down.done() else None
             down.cancel()
@@ -161,6 +172,8 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
         ),
         held_redelivered_s=None if held_back is None else round(held_back, 2),
         seconds=round(time.monotonic() - started, 1),
+        hook_said=hook_said.splitlines()[-3:],
+        warnings=most_frequent(warned),
     )
     record(request, "broker restart", figures)
     problems = violations(figures)

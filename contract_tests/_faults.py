@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -88,30 +89,18 @@ WARNINGS_SHOWN = 5
 """How many distinct library warnings a fault test's figures quote (the most frequent)."""
 
 
-def library_warnings(request: pytest.FixtureRequest) -> Counter[str]:
-    """Count brokerkit's log records of level WARNING and above until the test ends, by
-    message (cut to 160 characters). A fault test puts the most frequent in its figures,
-    so a failure says what the library was retrying (a subscription refused, a book not
-    written) even where the captured log is cut from the output. The messages are already
-    redacted: the suite's record factory masks the URLs' secrets in every record."""
-    seen: Counter[str] = Counter()
-
-    class Tally(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            try:
-                seen[f"{record.name}: {record.getMessage()}"[:160]] += 1
-            except Exception:  # a malformed record: never fail the test from here
-                self.handleError(record)
-
-    logger = logging.getLogger("brokerkit")
-    tally = Tally(logging.WARNING)
-    logger.addHandler(tally)
-    request.addfinalizer(lambda: logger.removeHandler(tally))
-    return seen
-
-
-def most_frequent(seen: Counter[str]) -> dict[str, int]:
-    """The figures' view of ``library_warnings``: the WARNINGS_SHOWN most frequent."""
+def library_warnings(records: Iterable[logging.LogRecord]) -> dict[str, int]:
+    """brokerkit's log records of level WARNING and above (a test's ``caplog.records``),
+    counted by message (cut to 160 characters): the WARNINGS_SHOWN most frequent. A fault
+    test puts them in its figures, so a failure says what the library was retrying (a
+    subscription refused, a book not written) even where the captured log is cut from
+    the output. The messages are already redacted: the suite's record factory masks the
+    URLs' secrets in every record."""
+    seen = Counter(
+        f"{r.name}: {r.getMessage()}"[:160]
+        for r in records
+        if r.levelno >= logging.WARNING and r.name.split(".", 1)[0] == "brokerkit"
+    )
     return dict(seen.most_common(WARNINGS_SHOWN))
 
 

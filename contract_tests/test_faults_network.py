@@ -28,7 +28,7 @@ import pytest
 
 import brokerkit
 
-from ._faults import NOT_RUN, in_process, library_warnings, most_frequent, real_url, record
+from ._faults import NOT_RUN, in_process, library_warnings, real_url, record
 from ._helpers import SCALE, WAIT, SecretURL, eventually
 from ._proxy import through_proxy
 from ._stream import AFTER_RECOVERY, PACE, Stream, violations
@@ -52,6 +52,7 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
     group: str,
     during: str,
     request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     if in_process(broker_url):
         pytest.skip(NOT_RUN + "memory:// is in-process: there is no network path to cut")
@@ -60,7 +61,6 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
     cut_for = float(request.config.getoption("--cut-seconds"))
     fixed = int(request.config.getoption("--proxy-port"))
     started = time.monotonic()
-    warned = library_warnings(request)
     url = SecretURL(real_url(broker_url))  # printed redacted, wherever pytest prints it
     # one proxy for the producer, one for the consumers (one for all with a fixed port)
     producer_path = through_proxy(url, fixed)
@@ -170,7 +170,7 @@ async def test_network_cut_longer_than_client_timeouts_then_restored(
         + (0 if consumer_path is producer_path else consumer_path.connections),
         leaked_through_cut=len(leaked),
         seconds=round(time.monotonic() - started, 1),
-        warnings=most_frequent(warned),
+        warnings=library_warnings(caplog.records),
     )
     record(request, "network cut", figures)
     problems = violations(figures)

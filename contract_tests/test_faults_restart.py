@@ -29,7 +29,6 @@ from ._faults import (
     NOT_RUN,
     in_process,
     library_warnings,
-    most_frequent,
     record,
     run_hook,
     secrets_of,
@@ -56,6 +55,7 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
     group: str,
     new_queue: Callable[[str | None], str],
     request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     command = request.config.getoption("--restart-cmd")
     if in_process(broker_url):
@@ -67,7 +67,6 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
         )
     timeout = float(request.config.getoption("--restart-timeout"))
     started = time.monotonic()
-    warned = library_warnings(request)
     producer = await connect()
     slack = producer.capabilities.redelivery_slack
     flush = producer.capabilities.ack_flush_interval
@@ -173,7 +172,7 @@ async def test_broker_killed_and_restarted_mid_stream_loses_nothing_confirmed(
         held_redelivered_s=None if held_back is None else round(held_back, 2),
         seconds=round(time.monotonic() - started, 1),
         hook_said=hook_said.splitlines()[-3:],
-        warnings=most_frequent(warned),
+        warnings=library_warnings(caplog.records),
     )
     record(request, "broker restart", figures)
     problems = violations(figures)

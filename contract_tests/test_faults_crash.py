@@ -290,6 +290,14 @@ async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the
             body: [_delivery(c, t, attempt, started) for c, t, attempt in got.get(body, [])]
             for body in sorted(innocents - set(acks))
         },
+        # each dead-lettered innocent's hand-outs and acks (was an ack lost in a kill?)
+        "dead_lettered_story": {
+            body: [
+                *(_delivery(c, t, attempt, started) for c, t, attempt in got.get(body, [])),
+                *("acked: " + _delivery(c, t, a, started) for c, t, a in acks.get(body, [])),
+            ]
+            for body in sorted({entry.split()[0] for entry in dead_innocents})
+        },
         "seconds": round(time.monotonic() - started, 1),
     }
     record(request, "crash", figures)

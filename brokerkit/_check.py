@@ -18,6 +18,9 @@ from brokerkit._redact import RedactingStream
 from brokerkit._url import BrokerURL
 
 PASS, FAIL, UNSUPPORTED, NOT_RUN = "pass", "fail", "unsupported", "not run"
+UNMAPPED = "(no behaviour marker)"
+"""The behaviour of a collected test without a ``behaviour`` marker: a defect of the suite,
+so ``check`` is not ok while one is selected, whatever its outcome."""
 
 
 @dataclass
@@ -46,8 +49,9 @@ class _Collector:
 
     def pytest_itemcollected(self, item: Any) -> None:
         marker = item.get_closest_marker("behaviour")
-        if marker is not None and marker.args[0] not in self.ignore:
-            self.tests[item.nodeid] = _Test(marker.args[0])
+        behaviour = UNMAPPED if marker is None or not marker.args else str(marker.args[0])
+        if behaviour not in self.ignore:
+            self.tests[item.nodeid] = _Test(behaviour)
 
     def pytest_deselected(self, items: list[Any]) -> None:
         for item in items:
@@ -111,6 +115,46 @@ def _judge(tests: list[_Test], unsupported_prefix: str) -> tuple[str, list[str],
     if all(t.outcome == "skipped" for t in selected):
         return UNSUPPORTED, features, True
     return PASS, features, True
+
+
+def _unmapped_kind(test: _Test) -> str:
+    if test.behaviour == UNMAPPED:
+        return "no behaviour marker"
+    return f"unknown behaviour {test.behaviour!r}"
+
+
+def judge_all(
+    collector: _Collector, behaviours: tuple[str, ...], unsupported_prefix: str, *, exit_code: int
+) -> tuple[dict[str, str], dict[str, list[str]], bool, list[str]]:
+    """Each named behaviour's result, the optional features each lacks, whether the run is
+    ok, and the selected tests that map to no named behaviour.
+
+    Every selected test counts towards ``ok``: one without a ``behaviour`` marker, or whose
+    marker names no behaviour of the suite, makes the run not ok (and is listed), whether it
+    passed or failed, since ``check`` could not say which behaviour it proved.
+    """
+    results: dict[str, str] = {}
+    lacking: dict[str, list[str]] = {}
+    ok = exit_code in (0, 1) and not collector.collection_errors
+    for behaviour in behaviours:
+        tests = [t for t in collector.tests.values() if t.behaviour == behaviour]
+        result, features, selected_passed = _judge(tests, unsupported_prefix)
+        if result == NOT_RUN and collector.collection_errors:
+            result = FAIL  # a module that did not import may hold this behaviour's tests
+        results[behaviour] = result
+        if features:
+            lacking[behaviour] = features
+        ok = ok and selected_passed and result != FAIL
+    stray = [
+        f"{_unmapped_kind(t)} ({t.outcome or 'not reached'}): {nodeid}"
+        for nodeid, t in collector.tests.items()
+        if t.selected and t.behaviour not in behaviours
+    ]
+    if stray:
+        ok = False
+    if not any(t.selected for t in collector.tests.values()):
+        ok = False  # nothing ran: no evidence of anything
+    return results, lacking, ok, stray
 
 
 def _verbose(pytest_args: list[str] | None) -> bool:
@@ -211,20 +255,10 @@ def run_check(
             if progress is not None:
                 progress.stop()
             output.flush()
-    results: dict[str, str] = {}
-    lacking: dict[str, list[str]] = {}
-    ok = int(exit_code) in (0, 1) and not collector.collection_errors
-    for behaviour in contract_tests.BEHAVIOURS:
-        tests = [t for t in collector.tests.values() if t.behaviour == behaviour]
-        result, features, selected_passed = _judge(tests, contract_tests.UNSUPPORTED)
-        if result == NOT_RUN and collector.collection_errors:
-            result = FAIL  # a module that did not import may hold this behaviour's tests
-        results[behaviour] = result
-        if features:
-            lacking[behaviour] = features
-        ok = ok and selected_passed and result != FAIL
-    if not any(t.selected for t in collector.tests.values()):
-        ok = False  # nothing ran: no evidence of anything
+    named = (*contract_tests.BEHAVIOURS, *getattr(contract_tests, "OPTIONAL_BEHAVIOURS", ()))
+    results, lacking, ok, stray = judge_all(
+        collector, named, contract_tests.UNSUPPORTED, exit_code=int(exit_code)
+    )
     fault_results = faults.results()  # the fault behaviours (v1.1), after the 17
     results.update(fault_results)
     ok = ok and FAIL not in fault_results.values()
@@ -239,6 +273,7 @@ def run_check(
         "ok": ok,
     }
     failures = collector.failures + [f"collection error: {e}" for e in collector.collection_errors]
+    failures += stray
     failures += [
         f"skipped (not an optional feature): {nodeid}: {t.skip_reason}"
         for nodeid, t in collector.tests.items()

@@ -32,6 +32,13 @@ A test skips with this prefix (``_helpers.unsupported``) and nothing else: ``bro
 check`` counts any other skip as a failure, since no mandatory behaviour may be skipped.
 """
 
+OPTIONAL_BEHAVIOURS = ("browse", "stats", "delete queue")
+"""Operations beside the mandatory behaviours (CONTRACT.md section 10 and the tooling the
+suite cleans up with), printed after BEHAVIOURS. They are judged like the others (a
+failure fails ``brokerkit check``); where ``capabilities`` declares one absent its test
+checks the refusal instead.
+"""
+
 FAULT_BEHAVIOURS = ("crash", "broker restart", "network cut", "soak")
 """The fault behaviours of CONTRACT.md section 9 (v1.1), printed after BEHAVIOURS.
 

@@ -1,7 +1,7 @@
 """``Broker.delete_queue``: not a CONTRACT behaviour, the tooling the suite cleans up with.
 
-No ``behaviour`` marker, so ``brokerkit check`` does not count it; the project's own test
-run does, on every broker URL.
+The optional behaviour ``delete queue`` (``OPTIONAL_BEHAVIOURS``): ``brokerkit check``
+prints and judges it after the 17, and the project's own test run has it on every broker URL.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ QUIET = 2.0
 """Long enough for anything the deleted queue still held to show up (it is all ready)."""
 
 
+@pytest.mark.behaviour("delete queue")
 async def test_delete_queue_removes_messages_dlq_group_state_and_dedup_memory(
     broker: brokerkit.Broker, queue: str, group: str, new_queue: Callable[[str | None], str]
 ) -> None:
@@ -51,6 +52,7 @@ async def test_delete_queue_removes_messages_dlq_group_state_and_dedup_memory(
         await msg.ack()
 
 
+@pytest.mark.behaviour("delete queue")
 async def test_delete_queue_refuses_while_this_connection_consumes_it(
     broker: brokerkit.Broker, queue: str, group: str
 ) -> None:

@@ -1,7 +1,8 @@
 """CONTRACT section 10, operations: a browse without side effects, and queue stats.
 
-Neither is one of the 17 mandatory behaviours (no ``behaviour`` marker, so ``brokerkit
-check`` does not count them); both run on every broker URL. Where
+Neither is one of the 17 mandatory behaviours: they are the optional behaviours
+``browse`` and ``stats`` (``OPTIONAL_BEHAVIOURS``), which ``brokerkit check`` prints and
+judges after the 17; both run on every broker URL. Where
 ``capabilities.browse`` is False, browsing must refuse (UnsupportedFeature), never read
 destructively. A stats figure may be None (the backend cannot tell) but then it stays
 None; a figure given must follow publish, dead-letter and redrive.
@@ -37,6 +38,7 @@ def _view(messages: list[brokerkit.BrowsedMessage]) -> list[View]:
     return [(m.id, m.body, dict(m.headers), m.fifo_group, m.dedup_id) for m in messages]
 
 
+@pytest.mark.behaviour("browse")
 async def test_browse_changes_nothing_and_shows_dead_letters_with_their_info(
     broker: brokerkit.Broker, queue: str, group: str
 ) -> None:
@@ -135,6 +137,7 @@ class _Figures:
         return True
 
 
+@pytest.mark.behaviour("stats")
 async def test_stats_follow_publish_dead_letter_and_redrive(
     broker: brokerkit.Broker, queue: str, group: str
 ) -> None:

@@ -8,14 +8,17 @@ lines (``--log-level``) through a redacting formatter.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import os
 import statistics
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+from click.utils import PacifyFlushWrapper
 
 from brokerkit import __version__
 from brokerkit._guard import guarded as _guarded
@@ -25,11 +28,59 @@ from brokerkit._url import BrokerURL
 
 DEFAULT_URL = "memory://"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+CLOSED_PIPE_STATUS = 141
+"""A closed stdout ends a command as SIGPIPE ends a shell tool: 128 + 13, nothing said."""
 
 T = TypeVar("T")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def closed_stdout() -> click.exceptions.Exit:
+    """Point stdout at /dev/null (so no later flush fails) and give the exit to raise."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a test runner's stream): nothing to do
+        pass
+    return click.exceptions.Exit(CLOSED_PIPE_STATUS)
+
+
+def _flush_stdout() -> None:
+    """Flush stdout now: a block-buffered stdout meets a closed pipe only when flushed."""
+    sys.stdout.flush()
+
+
+class _Commands(click.Group):
+    """The command group: a reader that closed stdout (``| head``) ends any command quietly."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            try:
+                return super().invoke(ctx)
+            finally:
+                _flush_stdout()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            raise closed_stdout() from None
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # --help and --version print here
+        try:
+            try:
+                return super().main(*args, **kwargs)
+            finally:
+                _flush_stdout()
+        except SystemExit as exc:  # click's own answer to a closed pipe is status 1
+            if exc.code == 1 and isinstance(sys.stdout, PacifyFlushWrapper):
+                sys.exit(closed_stdout().exit_code)
+            raise
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            sys.exit(closed_stdout().exit_code)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="brokerkit")
 @click.option(
     "--log-level",
@@ -51,9 +102,17 @@ def main(log_level: str | None) -> None:
 @click.argument("url", default=DEFAULT_URL)
 def demo(url: str) -> None:
     """Run the signup-email worker scenario against URL (default memory://)."""
-    from brokerkit._demo import run_demo
+    from brokerkit._demo import StdoutClosed, run_demo
 
-    ok = _guarded(url, lambda: asyncio.run(run_demo(url)))
+    def go() -> bool | None:
+        try:
+            return asyncio.run(run_demo(url))
+        except StdoutClosed:  # the demo stopped and cleaned up: end as a closed pipe does
+            return None
+
+    ok = _guarded(url, go)
+    if ok is None:
+        raise closed_stdout()
     sys.exit(0 if ok else 1)
 
 
@@ -123,7 +182,9 @@ def check(
     test deselected by -k is "not run". Slow tests (the dedup window of a broker
     that fixes it) run too.
 
-    After the 17 behaviours come the fault behaviours (CONTRACT.md section 9,
+    After the 17 behaviours come the optional ones (browse, stats, delete queue), judged
+    the same way: any selected test that fails, or that names no behaviour, fails the run.
+    Then come the fault behaviours (CONTRACT.md section 9,
     v1.1): crash, broker restart, network cut, soak. Each is "pass", "fail" or
     "not run": a fault whose hook was not given (--restart-cmd for broker
     restart, --proxy for network cut) or that cannot apply (memory:// is

@@ -16,6 +16,10 @@ DAVE_STEPS = ["create account", "verify email", "send welcome"]
 DEADLINE = 90.0
 
 
+class StdoutClosed(Exception):
+    """The demo's reader went away (``brokerkit demo | head -3``): it stopped and cleaned up."""
+
+
 @dataclass
 class _Story:
     """What the workers saw, to check the scenario and to tell it."""
@@ -27,6 +31,7 @@ class _Story:
     dead: list[brokerkit.Message] = field(default_factory=list)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     extra: asyncio.Event = field(default_factory=asyncio.Event)
+    reader_gone: bool = False
 
     def update(self) -> None:
         if len(self.sent) >= 6 and len(self.dead) >= 1:
@@ -35,18 +40,34 @@ class _Story:
             self.extra.set()
 
 
+def _tell(story: _Story, line: str, out: Callable[[str], None]) -> None:
+    """Print a line; a closed output ends the scenario now (nobody is left to read it)."""
+    if story.reader_gone:
+        return
+    try:
+        out(line)
+    except BrokenPipeError:
+        story.reader_gone = True
+        story.finished.set()
+        story.extra.set()
+
+
 def _say(story: _Story, text: str, out: Callable[[str], None]) -> None:
-    out(f"[{time.monotonic() - story.started:5.2f}s] {text}")
+    _tell(story, f"[{time.monotonic() - story.started:5.2f}s] {text}", out)
 
 
 async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
-    """Run the scenario against ``url``; True when everything happened as promised."""
+    """Run the scenario against ``url``; True when everything happened as promised.
+
+    When ``out`` raises ``BrokenPipeError`` the scenario stops at once, deletes its queue
+    and raises :class:`StdoutClosed`.
+    """
     run = uuid.uuid4().hex[:8]
     queue = f"signup-emails-{run}"
     dave = f"customer-dave-{run}"
     story = _Story()
     async with brokerkit.connect(url) as broker:
-        out(f"brokerkit demo on {broker.url.redacted()}  (queue {queue})")
+        _tell(story, f"brokerkit demo on {broker.url.redacted()}  (queue {queue})", out)
         jobs = [
             brokerkit.Outgoing(b"alice@example.com", dedup_id=f"{run}-alice"),
             brokerkit.Outgoing(b"bob@example.com", dedup_id=f"{run}-bob", headers={"flaky": "2"}),
@@ -136,7 +157,9 @@ async def run_demo(url: str, out: Callable[[str], None] = print) -> bool:
         "carol was published twice and delivered once": story.sent.count("carol@example.com") == 1,
         "dave's jobs ran in order": story.dave == DAVE_STEPS,
     }
-    out("")
+    _tell(story, "", out)
     for text, ok in checks.items():
-        out(f"  {'ok ' if ok else 'FAILED'} {text}")
+        _tell(story, f"  {'ok ' if ok else 'FAILED'} {text}", out)
+    if story.reader_gone:
+        raise StdoutClosed
     return all(checks.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from brokerkit._alone import AloneLink, FlushedAck, LastAttempts
-from brokerkit._dlq import REASON_MAX_ATTEMPTS, build_envelope, split_envelope
+from brokerkit._dlq import CORRUPT, REASON_MAX_ATTEMPTS, move, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
     BrokerkitError,
@@ -21,10 +22,11 @@ from brokerkit._errors import (
     UnsupportedFeature,
 )
 from brokerkit._fetchbuffer import FetchBuffer
-from brokerkit._message import DeadLetterInfo, Outgoing
+from brokerkit._message import DeadLetterInfo
 from brokerkit._validate import check_seconds
 from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver, ReceiverSettings
 
+_log = logging.getLogger("brokerkit.consumer")
 _now = time.monotonic  # the lease clock: monotonic, and the same clock as the event loop's
 
 # How long one receive call may wait before the iterator checks for close.
@@ -250,6 +252,7 @@ class Consumer:
         self.max_in_flight = max_in_flight
         dead_letters = self.dead_letters = queue.dead_letters
         self._backend: Backend | None = None
+        self._max_bytes = 0  # capabilities.max_message_bytes, read when opened
         self._receiver: Receiver[Any] | None = None
         # only DLQ copies carry the envelope
         self._message_class = _DeadLetterMessage if dead_letters else Message
@@ -295,6 +298,7 @@ class Consumer:
                 settings = ReceiverSettings(self.ack_timeout, self.prefetch + self.max_in_flight)
                 self._receiver = await backend.subscribe(self.ref, self.group, settings)
                 self._backend = backend
+                self._max_bytes = backend.capabilities.max_message_bytes
 
     def __aiter__(self) -> Consumer:
         return self
@@ -335,6 +339,10 @@ class Consumer:
                 if _now() > deadline:  # ran out buffered (the loop lagged): given back with
                     self._give_back_unseen([delivery])  # the rest that did, uncounted
                     buffer.give_back_stale()
+                    continue
+                corrupt = delivery.defect or len(delivery.body) > self._max_bytes
+                if corrupt and not self.dead_letters:  # to the DLQ, never handed out
+                    await self._dead_letter_corrupt(delivery)
                     continue
                 if delivery.attempt > 1 and not self.dead_letters:  # a redelivery
                     flush = self._backend.capabilities.ack_flush_interval if self._backend else 0.0
@@ -420,24 +428,17 @@ class Consumer:
         self, delivery: Delivery[Any], reason: str, attempts: int | None = None
     ) -> None:
         """Dead-letter ``delivery``: its DLQ copy carries the envelope, then it is settled."""
-        receiver = self._live_receiver()
-        backend = self._backend
-        assert backend is not None  # set together with the receiver
-        envelope = build_envelope(
-            queue=self.queue,
-            original_id=delivery.id,
-            reason=reason,
-            attempts=delivery.attempt if attempts is None else attempts,
-            fifo_group=delivery.fifo_group,
-            dedup_id=delivery.dedup_id,
-        )
-        copy = Outgoing(delivery.body, delivery.fifo_group, None, {**delivery.headers, **envelope})
-        dlq = self.ref.dlq
+        count = delivery.attempt if attempts is None else attempts
+        await move(self._backend, self._live_receiver(), self.ref, delivery, reason, count)
 
-        async def publish(message: Outgoing) -> Any:
-            return (await backend.publish(dlq, [message]))[0]
-
-        await receiver.dead_letter(delivery, copy, publish)
+    async def _dead_letter_corrupt(self, delivery: Delivery[Any]) -> None:
+        """What could not be decoded goes to the DLQ (from a DLQ: to the caller); if that
+        fails now, its lease runs out and it comes back, to be dead-lettered then."""
+        defect = delivery.defect or f"body of {len(delivery.body)} bytes over max_message_bytes"
+        try:
+            await self.move_to_dlq(delivery, CORRUPT + defect)
+        except BrokerkitError as exc:
+            _log.warning("%r: corrupt message %r not dead-lettered yet: %s", self, delivery.id, exc)
 
     async def aclose(self) -> None:
         """Stop fetching, let held messages settle (``close_timeout``), give back the rest.

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote, unquote
 
-from brokerkit._message import DeadLetterInfo
+from brokerkit._errors import InvalidArgument, MessageTooLarge
+from brokerkit._message import DeadLetterInfo, Outgoing, PublishResult
 from brokerkit._validate import RESERVED_HEADER_PREFIX
+from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver
 
 REASON_MAX_ATTEMPTS = "max_attempts"
+CORRUPT = "corrupt: "
+"""The reason of a message dead-lettered because it could not be decoded starts so."""
 
 _P = RESERVED_HEADER_PREFIX + "dlq-"
 _FIELDS = ("queue", "id", "reason", "attempts", "died-at", "fifo-group", "dedup-id")
@@ -43,6 +48,71 @@ def build_envelope(
         "dedup-id": dedup_id or "",
     }
     return {_P + k: quote(v, safe="") for k, v in values.items()}
+
+
+def dlq_copy(
+    delivery: Delivery[Any],
+    *,
+    queue: str,
+    reason: str,
+    attempts: int,
+    max_bytes: int,
+    bare: str = "",
+) -> Outgoing:
+    """The DLQ copy of ``delivery``: body, headers and the envelope.
+
+    A body over ``max_bytes`` (which the DLQ would refuse) is left out, and so is every
+    header but the envelope when ``bare`` names why a full copy was refused; the reason
+    says what the copy lacks.
+    """
+    body, headers = delivery.body, delivery.headers
+    if len(body) > max_bytes:
+        reason += f" (DLQ copy without its body of {len(body)} bytes: over {max_bytes})"
+        body = b""
+    if bare:
+        reason += f" (DLQ copy without body and headers: {bare})"
+        body, headers = b"", {}
+    envelope = build_envelope(
+        queue=queue,
+        original_id=delivery.id,
+        reason=reason,
+        attempts=attempts,
+        fifo_group=delivery.fifo_group,
+        dedup_id=delivery.dedup_id,
+    )
+    return Outgoing(body, delivery.fifo_group, None, {**headers, **envelope})
+
+
+async def move(
+    backend: Backend | None,
+    receiver: Receiver[Any],
+    ref: QueueRef,
+    delivery: Delivery[Any],
+    reason: str,
+    attempts: int,
+) -> None:
+    """Dead-letter ``delivery`` (of queue ``ref``) through its receiver.
+
+    Should the DLQ refuse the copy itself (too large for it, a header it cannot carry),
+    one without the message's own body and headers goes instead: a message is never
+    redelivered forever because its DLQ copy cannot be written.
+    """
+    assert backend is not None  # the consumer's, set together with its receiver
+    dlq = ref.dlq
+
+    async def publish(message: Outgoing) -> PublishResult:
+        return (await backend.publish(dlq, [message]))[0]
+
+    limit = backend.capabilities.max_message_bytes
+    copy = dlq_copy(delivery, queue=ref.name, reason=reason, attempts=attempts, max_bytes=limit)
+    try:
+        await receiver.dead_letter(delivery, copy, publish)
+    except (MessageTooLarge, InvalidArgument) as exc:
+        why = f"the DLQ refused it, {type(exc).__name__}"
+        bare = dlq_copy(
+            delivery, queue=ref.name, reason=reason, attempts=attempts, max_bytes=limit, bare=why
+        )
+        await receiver.dead_letter(delivery, bare, publish)
 
 
 def split_envelope(headers: Mapping[str, str]) -> tuple[dict[str, str], DeadLetterInfo | None]:

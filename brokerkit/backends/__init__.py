@@ -35,6 +35,7 @@ from brokerkit._errors import (
     UnsupportedFeature,
 )
 from brokerkit._fifo import GroupGate
+from brokerkit._foreign import json_headers, str_headers
 from brokerkit._leases import LeaseBook, Leased
 from brokerkit._message import Outgoing, PublishResult, QueueStats, publish_results
 from brokerkit._options import Options, parse_options
@@ -84,8 +85,10 @@ __all__ = [
     "ReceiverSettings",
     "ResourceClosed",
     "UnsupportedFeature",
+    "json_headers",
     "parse_options",
     "publish_results",
     "retry_unavailable",
     "retry_unavailable_blocking",
+    "str_headers",
 ]

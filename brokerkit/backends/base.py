@@ -131,6 +131,13 @@ class Delivery(Generic[R]):
     """The backend's own handle for settling (a lease token, an offset, a receipt handle)."""
     extras: Mapping[str, Any] = field(default_factory=lambda: NO_EXTRAS)
     """Typed broker read-outs (Kafka offset, SQS receipt) documented per backend."""
+    defect: str | None = None
+    """What makes this message corrupt (a brokerkit field present but undecodable, a header
+    value of a type brokerkit never writes, fields that disagree), or None. Set by the
+    receiver that decoded it, never raised: ``body`` and ``headers`` hold what could be
+    decoded. The facade dead-letters such a delivery, reason ``corrupt: <defect>``,
+    instead of handing it out (from a DLQ it is handed out as it is); ``browse`` shows it.
+    A body over ``capabilities.max_message_bytes`` is found by the facade itself."""
 
 
 @dataclass(frozen=True, slots=True)

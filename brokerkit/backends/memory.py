@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -49,9 +49,10 @@ from brokerkit.backends import (
     Receiver,
     ReceiverSettings,
     parse_options,
+    str_headers,
 )
 
-__all__ = ["MemoryBackend", "MemoryOptions"]
+__all__ = ["MemoryBackend", "MemoryOptions", "inject_raw"]
 
 
 class MemoryOptions(Options):
@@ -70,6 +71,7 @@ class _Entry:
     fifo_group: str | None
     dedup_id: str | None
     refs: int = 0
+    defect: str | None = None  # set only by inject_raw
 
 
 @dataclass(eq=False)
@@ -175,6 +177,21 @@ class _Hub:
                 self._waiters.remove(fut)
 
 
+def inject_raw(
+    name: str, queue: str, body: bytes, headers: Mapping[Any, Any], defect: str | None = None
+) -> None:
+    """For tests only: write an entry into queue ``queue`` of ``memory://name`` as a foreign
+    producer would (the queue must exist), bypassing the facade's validation. memory://
+    has no wire format, so what a real broker's decoder finds is given here: ``headers``
+    may hold values of any type (a pair that is not ``str -> str`` makes it corrupt, as a
+    receiver finds it), ``defect`` names any other damage."""
+    hub = _Hub.named(name)
+    entry = hub.new_entry(Outgoing(body, None, None, {}))
+    good, wrong = str_headers(headers)
+    entry.headers, entry.defect = MappingProxyType(good), defect or wrong
+    hub.queues[queue].main.append(entry)
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -230,7 +247,8 @@ class MemoryBackend(Backend):
         log = self._hub.queue(queue.name, self.options.dedup_window).log(queue)
         entries = sorted(log.entries.values(), key=lambda e: e.seq)[:limit]
         return [
-            Delivery(e.id, e.body, e.headers, e.fifo_group, e.dedup_id, 0, None) for e in entries
+            Delivery(e.id, e.body, e.headers, e.fifo_group, e.dedup_id, 0, None, defect=e.defect)
+            for e in entries
         ]
 
     async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
@@ -283,6 +301,7 @@ class _MemoryReceiver(Receiver[Leased[int]]):
                     dedup_id=entry.dedup_id,
                     attempt=attempt,
                     receipt=leased,
+                    defect=entry.defect,
                 )
             )
         return out

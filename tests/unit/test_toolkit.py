@@ -33,7 +33,7 @@ def test_toolkit_is_pinned() -> None:
         "LeaseBook", "LeaseExpired", "Leased", "MessageTooLarge", "Options", "Outgoing",
         "PublishCopy", "PublishResult", "QueueRef", "QueueStats", "Receiver", "ReceiverSettings",
         "ResourceClosed", "UnsupportedFeature", "parse_options", "publish_results",
-        "retry_unavailable", "retry_unavailable_blocking",
+        "retry_unavailable", "retry_unavailable_blocking", "json_headers", "str_headers",
     }  # fmt: skip
     for name in toolkit.__all__:
         assert getattr(toolkit, name) is not None

@@ -4,6 +4,11 @@ Each takes the broker URL as its first argument, or from ``BROKERKIT_URL`` when 
 first argument is not a URL (a queue name never contains ``://``, so there is no
 ambiguity). ``--json`` prints machine-readable output; bodies are shown as a printable
 preview unless ``--raw`` writes their bytes.
+
+``memory://`` is per-process: each command starts its own empty broker, and what it
+holds is gone when the command exits. A command whose whole effect would go with it
+(publish, redrive, declare) refuses it with a ``ConfigError``; a read command (peek,
+dlq, stats) runs and says on stderr that it sees only its own, empty broker.
 """
 
 from __future__ import annotations
@@ -21,11 +26,46 @@ import click
 
 import brokerkit
 from brokerkit._guard import guarded
+from brokerkit._redact import describe_error
 
 T = TypeVar("T")
 
 ENV_URL = "BROKERKIT_URL"
 PREVIEW = 120
+
+MEMORY_OUTLIVES_COMMAND = False
+"""True only where the process outlives each command (a test's ``CliRunner``), so one
+``memory://`` broker is seen by the next command too; never in the ``brokerkit`` command."""
+
+_PER_PROCESS = (
+    "memory:// is per-process: this command starts its own empty broker, and everything "
+    "in it is gone when the command exits"
+)
+
+
+def per_process(url: str, command: str, *, lasting: bool) -> None:
+    """Refuse (``lasting``: its effect would vanish unseen) or note a ``memory://`` URL."""
+    if MEMORY_OUTLIVES_COMMAND:
+        return
+    try:
+        in_process = brokerkit.BrokerURL.parse(url).scheme == "memory"
+    except brokerkit.BrokerkitError:  # the command's own connect reports a bad URL
+        return
+    if not in_process:
+        return
+    if lasting:
+        error = brokerkit.ConfigError(
+            f"{_PER_PROCESS}, so no other command or process could ever see what "
+            f"'brokerkit {command}' did there; give a real broker's URL (e.g. "
+            "redis://127.0.0.1:6379/0), or use memory:// from Python within one process "
+            "('brokerkit demo' does)"
+        )
+        raise click.ClickException(describe_error(error))
+    click.echo(
+        f"note: {_PER_PROCESS}: it sees nothing another command published (that was "
+        "gone when that command exited)",
+        err=True,
+    )
 
 
 def split_url(args: tuple[str, ...], needed: int) -> tuple[str, list[str]]:
@@ -130,6 +170,7 @@ def publish(
     url, rest = split_url(args, 1)
     if not rest or len(rest) > 2:
         raise click.UsageError("publish [URL] QUEUE [BODY | --file F | -]")
+    per_process(url, "publish", lasting=True)
     queue = rest[0]
     if path is not None or (len(rest) == 2 and rest[1] == "-"):
         with click.open_file(path or "-", "rb") as f:
@@ -162,6 +203,7 @@ def _list(args: tuple[str, ...], *, dead: bool, limit: int, json_out: bool, raw:
     url, rest = split_url(args, 1)
     if len(rest) != 1:
         raise click.UsageError("[URL] QUEUE")
+    per_process(url, "dlq" if dead else "peek", lasting=False)
     show(run(lambda b: browse(b, rest[0], dead, limit), url), json_out=json_out, raw=raw)
 
 
@@ -198,6 +240,7 @@ def redrive(args: tuple[str, ...], limit: int | None, yes: bool) -> None:
     url, rest = split_url(args, 1)
     if len(rest) != 1:
         raise click.UsageError("redrive [URL] QUEUE")
+    per_process(url, "redrive", lasting=True)
     queue = rest[0]
     dead = run(lambda b: b.stats(queue), url).dead
     if dead == 0:  # nothing to move: say so, ask nothing
@@ -236,6 +279,7 @@ def stats(args: tuple[str, ...], group: str, json_out: bool, watch: float | None
     url, queues = split_url(args, 1)
     if not queues:
         raise click.UsageError("stats [URL] QUEUE...")
+    per_process(url, "stats", lasting=False)
 
     async def work(broker: brokerkit.Broker) -> dict[str, brokerkit.QueueStats]:
         return {q: await broker.stats(q, group) for q in queues}
@@ -278,6 +322,7 @@ def declare(args: tuple[str, ...], group: str | None) -> None:
     url, rest = split_url(args, 1)
     if len(rest) != 1:
         raise click.UsageError("declare [URL] QUEUE [--group G]")
+    per_process(url, "declare", lasting=True)
     run(lambda b: b.declare(rest[0], group), url)
     click.echo(f"declared {rest[0]!r}" + (f" with group {group!r}" if group else ""))
 

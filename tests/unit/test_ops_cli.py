@@ -1,16 +1,30 @@
-"""The operator commands, end to end on memory:// (one process, so one in-process broker)."""
+"""The operator commands, end to end on memory:// (one process, so one in-process broker).
+
+Here the process outlives each command (CliRunner), so one memory:// broker serves them
+all: the fixture says so to the commands, which otherwise refuse memory:// where their
+effect would vanish (tests/unit/test_cli_memory.py runs them as a user does).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 
+import pytest
 from click.testing import CliRunner
 
 import brokerkit
+from brokerkit import _ops_cli
 from brokerkit._cli import main
 
 URL = "memory://ops-cli"
+
+
+@pytest.fixture(autouse=True)
+def _memory_outlives_each_command(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(_ops_cli, "MEMORY_OUTLIVES_COMMAND", True)
+    yield
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> str:

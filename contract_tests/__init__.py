@@ -22,8 +22,11 @@ BEHAVIOURS = (
     "FIFO parallelism",
     "limits",
     "errors",
+    "broker-side input",
 )
-"""The behaviours of CONTRACT.md section 9, in the order ``brokerkit check`` prints them."""
+"""The behaviours of CONTRACT.md section 9, in the order ``brokerkit check`` prints them,
+then the project's own: ``broker-side input`` (docs/contract.md: a foreign or corrupt
+message in a queue is delivered as it is or dead-lettered, never stops the queue)."""
 
 UNSUPPORTED = "unsupported: "
 """How a test says it cannot run because ``capabilities`` declares an optional feature absent.

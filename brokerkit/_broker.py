@@ -192,7 +192,8 @@ class Broker:
         ``max(prefetch, 100)``, leaves a sequential loop unchanged and lets a caller
         gather up to ``prefetch`` messages before settling them (batch inserts); a loop
         that holds ``max_in_flight`` messages and waits for one more before settling any
-        waits for good. A held message whose lease ran out stops counting.
+        waits for good. A held message whose lease ran out still counts until you settle
+        it (that raises LeaseExpired) or drop it: see ``Consumer.in_flight``.
         Raises InvalidName or InvalidArgument before any I/O.
         """
         return self._consumer(

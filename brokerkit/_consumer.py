@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -62,7 +63,7 @@ class Message:
     LeaseExpired.
     """
 
-    __slots__ = ("_consumer", "_deadline", "_delivery", "_receiver", "_state")
+    __slots__ = ("__weakref__", "_consumer", "_deadline", "_delivery", "_receiver", "_state")
 
     dead_letter_info: DeadLetterInfo | None = None
     """Why the message died, when it was read from a DLQ (``broker.dead_letters``)."""
@@ -169,6 +170,7 @@ class Message:
             raise AlreadySettled(f"message {self.id!r} was already settled")
         if self._state == _LOST or _now() > self._deadline:
             self._state = _LOST
+            self._consumer.settled(self)  # the caller let go of it: its slot is free
             raise LeaseExpired(
                 f"the lease on message {self.id!r} ran out (ack_timeout="
                 f"{self._consumer.ack_timeout}s); it may already be redelivered"
@@ -222,7 +224,11 @@ class Consumer:
     """Reads one queue (or its DLQ) for one consumer group; an async iterator of Messages.
 
     The iterator keeps yielding while earlier messages are unsettled, up to
-    ``max_in_flight`` of them, so messages may be handled concurrently; it reads ahead
+    ``max_in_flight`` of them (``in_flight``), so messages may be handled concurrently.
+    A message counts from its hand-out until the caller settles it, tries to (a settle
+    or ``extend`` after its lease ran out raises LeaseExpired and frees the slot), or
+    drops every reference to it: a lease that ran out does not free a slot by itself,
+    so the caller never holds more than ``max_in_flight`` messages. It reads ahead
     (see ``Broker.consumer``'s ``prefetch``). Cancelling a pending ``__anext__`` loses
     nothing. ``aclose`` stops fetching, waits up to ``close_timeout`` for held messages
     to be settled, then gives every unsettled one back.
@@ -267,9 +273,9 @@ class Consumer:
         self._alone = LastAttempts(link_)  # a last attempt is handed out alone
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
-        self._held: set[Message] = set()  # handed out, not yet settled
+        # handed out, not yet settled by the caller (nor dropped: weak, see in_flight)
+        self._held: weakref.WeakSet[Message] = weakref.WeakSet()
         self._slot: asyncio.Future[None] | None = None  # made while the iterator waits for one
-        self._next_sweep = 0.0
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
         self._closing = False
         self._closed: asyncio.Future[None] | None = None
@@ -299,6 +305,13 @@ class Consumer:
                 self._receiver = await backend.subscribe(self.ref, self.group, settings)
                 self._backend = backend
                 self._max_bytes = backend.capabilities.max_message_bytes
+
+    @property
+    def in_flight(self) -> int:
+        """Messages handed out and not yet settled by the caller, as ``max_in_flight``
+        counts them: one whose lease ran out still counts until a settle raises
+        LeaseExpired for it, or until the caller drops every reference to it."""
+        return len(self._held)
 
     def __aiter__(self) -> Consumer:
         return self
@@ -382,20 +395,18 @@ class Consumer:
             self._drained.set()
 
     async def _wait_for_slot(self) -> None:
-        """Wait while ``max_in_flight`` handed-out messages are unsettled, or until close."""
-        now = _now()
-        if now >= self._next_sweep:  # at most once a _POLL_WAIT: held ones whose lease ran
-            # out stop counting (redelivered anyway; a dropped message must not stall us)
-            self._next_sweep = now + _POLL_WAIT
-            self._held.difference_update([m for m in self._held if m._deadline < now])
-            if len(self._held) < self.max_in_flight:
-                return
+        """Wait while ``max_in_flight`` handed-out messages are unsettled, or until close.
+
+        A message the caller dropped unsettled leaves ``_held`` by itself (a weak set) and
+        wakes nobody: the wait ends at most ``_POLL_WAIT`` later and the caller looks again."""
         if self._slot is None:
             self._slot = asyncio.get_running_loop().create_future()
         await asyncio.wait((self._slot,), timeout=_POLL_WAIT)  # never cancels the shared future
 
     def _holds(self, delivery: Delivery[Any]) -> bool:
-        return any(m._delivery is delivery for m in self._held)
+        """Held and leased: a last attempt handed out alone stops blocking at its lease end."""
+        now = _now()
+        return any(m._delivery is delivery and m._deadline >= now for m in self._held)
 
     async def _settle_held(self) -> None:
         """Wait until the held messages are settled, their last lease ran out, or close."""

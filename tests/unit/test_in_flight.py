@@ -69,15 +69,38 @@ async def test_close_ends_an_iteration_that_waits_for_a_slot() -> None:
             await held.ack()  # given back on close, unsettled
 
 
-async def test_a_held_message_whose_lease_ran_out_stops_counting() -> None:
+async def test_a_held_message_whose_lease_ran_out_counts_until_its_settle_raises() -> None:
+    # The rule: a message counts against max_in_flight from its hand-out until the caller
+    # settles it (here: tries to, and LeaseExpired is raised) or drops it; a lease that ran
+    # out frees no slot by itself, so the caller never holds more than max_in_flight.
+    async with brokerkit.connect(_url()) as broker:
+        await broker.publish_many("q", [brokerkit.Outgoing(b"held"), brokerkit.Outgoing(b"n")])
+        async with broker.consumer("q", ack_timeout=0.2, max_in_flight=1) as consumer:
+            held = await consumer.__anext__()  # a slow handler: it still holds it
+            waiting = asyncio.ensure_future(consumer.__anext__())
+            await asyncio.sleep(0.2 * 4 + 1.0)  # well past the lease and one slot poll
+            assert not waiting.done(), "a second message while the first is still held"
+            assert consumer.in_flight == 1
+            with pytest.raises(brokerkit.LeaseExpired):
+                await held.ack()
+            assert consumer.in_flight == 0
+            nxt = await asyncio.wait_for(waiting, 5.0)
+            assert nxt.body in (b"n", b"held")  # the next one, or the redelivery
+            await nxt.ack()
+
+
+async def test_a_message_dropped_unsettled_frees_its_slot() -> None:
     async with brokerkit.connect(_url()) as broker:
         await broker.publish_many("q", [brokerkit.Outgoing(b"dropped"), brokerkit.Outgoing(b"n")])
         async with broker.consumer("q", ack_timeout=0.2, max_in_flight=1) as consumer:
-            dropped = await consumer.__anext__()  # never settled: a lost handler
+            dropped = await consumer.__anext__()  # a lost handler: no reference is left
+            assert consumer.in_flight == 1
+            del dropped
             nxt = await asyncio.wait_for(consumer.__anext__(), 5.0)
-            assert nxt.body in (b"n", b"dropped")  # the next one, or the redelivery
-            with pytest.raises(brokerkit.LeaseExpired):
-                await dropped.ack()
+            assert nxt.body in (b"n", b"dropped")
+            assert consumer.in_flight == 1
+            await nxt.ack()
+            assert consumer.in_flight == 0
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])

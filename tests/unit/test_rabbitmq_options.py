@@ -169,3 +169,17 @@ def test_qos_is_fetch_ahead_plus_held_shared_by_partitions() -> None:
     assert [s.prefetch for s in sources] == [288] + [4 + 32] * 8
     size(sources, 1, 1)
     assert [s.prefetch for s in sources] == [2] + [2] * 8  # never below one of each
+
+
+def test_qos_unset_max_held_is_the_consumers_whole_bound_per_queue() -> None:
+    from brokerkit.backends.rabbitmq._held import QOS_MAX, Source, held_room, size
+
+    sources = [Source("free", ordered=False), *(Source(f"p{i}", ordered=True) for i in range(8))]
+    held = held_room(256, False, 32 + 1000, 32)  # prefetch 32, max_in_flight 1000
+    assert held == 1000 + 256
+    size(sources, 32, held, shared=False)
+    assert [s.prefetch for s in sources] == [32 + 1256] * 9
+    assert held_room(100, True, 32 + 1000, 32) == 100  # ?max_held= wins
+    assert held_room(256, False, None, 32) == 256
+    size(sources, 60000, 60000, shared=False)
+    assert {s.prefetch for s in sources} == {QOS_MAX}

@@ -17,6 +17,7 @@ __all__ = [
     "Held",
     "Lease",
     "Source",
+    "held_room",
     "size",
 ]
 
@@ -93,15 +94,32 @@ class Lease:
         self.token = token
 
 
-def size(sources: Sequence[Source], ahead: int, held: int) -> None:
+QOS_MAX = 65535
+"""``basic.qos`` prefetch-count is a 16-bit field."""
+
+
+def held_room(max_held: int, explicit: bool, max_unsettled: int | None, fetch: int) -> int:
+    """What the caller may hold unsettled, for ``basic.qos``: ``?max_held=`` when given;
+    otherwise the consumer's ``max_in_flight`` (``max_unsettled`` minus its prefetch
+    ``fetch``) plus ``max_held``'s default as room for deliveries waiting out a nack
+    delay, so that with nothing settled the consumer is handed its whole max_in_flight."""
+    if explicit or max_unsettled is None:
+        return max_held
+    return max(max_unsettled - fetch, 0) + max_held
+
+
+def size(sources: Sequence[Source], ahead: int, held: int, *, shared: bool = True) -> None:
     """Set each source's ``basic.qos``: what may be fetched ahead (``ahead``: ``?prefetch=``
-    or the consumer's prefetch) plus what the caller may hold unsettled (``held``:
-    ``?max_held=``), RabbitMQ counting every unacked delivery; each partition gets a share
-    of both, at least 1."""
+    or the consumer's prefetch) plus what the caller may hold unsettled (``held``, see
+    ``held_room``), RabbitMQ counting every unacked delivery; with ``shared`` each
+    partition gets a share of both, at least 1 (``?max_held=`` given), otherwise each
+    gets the whole (everything held may be of one partition: a partition has one
+    consumer, so the extra room only bounds what it may push to it). At most QOS_MAX."""
     ahead = max(1, ahead)
     ordered = sum(1 for s in sources if s.ordered) or 1
     for source in sources:
-        if source.ordered:
-            source.prefetch = -(-ahead // ordered) + -(-held // ordered)
+        if source.ordered and shared:
+            qos = -(-ahead // ordered) + -(-held // ordered)
         else:
-            source.prefetch = ahead + held
+            qos = ahead + held
+        source.prefetch = min(qos, QOS_MAX)

@@ -4,7 +4,8 @@ Sources: for a queue, its free queue (competing consumers) and its N partition q
 (``x-single-active-consumer``: one receiver at a time holds a partition, so it alone
 orders and gates the partition's groups); for a DLQ, the DLQ. Consuming starts with the
 first ``receive``, whose ``max_messages`` (the consumer's prefetch) sizes ``basic.qos``
-unless ``?prefetch=`` is given. Delivery states: see ``_held``.
+unless ``?prefetch=`` is given, with the settings' ``max_unsettled`` unless ``?max_held=``
+is (``_held.size``). Delivery states: see ``_held``.
 
 * ack -> ``basic.ack``; nack(delay) -> DELAYED (kept unacked here, its group taken),
   then at the due time ``basic.reject(requeue=True)``: the broker counts the failed
@@ -60,6 +61,7 @@ from brokerkit.backends.rabbitmq._held import (
     Held,
     Lease,
     Source,
+    held_room,
     size,
 )
 from brokerkit.backends.rabbitmq._ledger import Ledger
@@ -99,6 +101,7 @@ class RabbitReceiver(Receiver[Lease]):
         self._redeclare = redeclare
         self._sources = list(sources)
         self._lease = settings.ack_timeout
+        self._max_unsettled = settings.max_unsettled
         self._ledger = ledger
         self._book = book
         self._dead_letters = dead_letters
@@ -184,7 +187,9 @@ class RabbitReceiver(Receiver[Lease]):
             return True
         if not self._sources[0].prefetch:
             options = self._link.options
-            size(self._sources, options.prefetch or max_messages, options.max_held)
+            explicit = "max_held" in options.model_fields_set
+            held = held_room(options.max_held, explicit, self._max_unsettled, max_messages)
+            size(self._sources, options.prefetch or max_messages, held, shared=explicit)
         try:
             try:
                 await self._subscribe()

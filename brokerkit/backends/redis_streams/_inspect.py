@@ -190,9 +190,11 @@ async def browse_pair(link: RedisLink, stream: str, limit: int) -> list[Delivery
         found += [(_order(i, twin), i, f) for i, f in await _entries(link, name, limit)]
     found.sort(key=lambda item: item[0])
     out: list[Delivery[None]] = []
-    for _, entry_id, fields in found[:limit]:
-        d = decode_entry(entry_id, fields, 0)
-        out.append(Delivery(d.id, d.body, d.headers, d.fifo_group, d.dedup_id, 0, None))
+    for order, entry_id, fields in found[:limit]:
+        d = decode_entry(entry_id, fields, 0, fifo=order[2] == 1)
+        out.append(
+            Delivery(d.id, d.body, d.headers, d.fifo_group, d.dedup_id, 0, None, defect=d.defect)
+        )
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from redis import exceptions as rex
 from redis.asyncio import Redis
 
-from brokerkit.backends import NO_EXTRAS, NO_HEADERS, Delivery, Outgoing
+from brokerkit.backends import NO_EXTRAS, NO_HEADERS, Delivery, Outgoing, json_headers
 
 __all__ = [
     "FIFO_ID_PREFIX",
@@ -117,34 +117,29 @@ def decode_plain(entries: Iterable[Any], holds_until: float = math.inf) -> list[
             continue
         if isinstance(flat, Mapping):
             flat = [x for pair in flat.items() for x in pair]
-        append(decode_entry(entry_id, flat, 1, holds_until))
+        append(decode_entry(entry_id, flat, 1, holds_until, fifo=False))
     return out
 
 
 def decode_entry(
-    entry_id: bytes, flat: Sequence[bytes], count: int, holds_until: float = math.inf
+    entry_id: bytes,
+    flat: Sequence[bytes],
+    count: int,
+    holds_until: float = math.inf,
+    *,
+    fifo: bool,
 ) -> Delivery[Receipt]:
     """A Delivery from an entry id, its flat field list and its PEL delivery count.
 
-    The entry's stream is told by its fields: one with a fifo_group lives in a fifo twin.
-    The receipt is a ``Receipt``: ``(entry id, count, holds_until)``.
+    ``fifo`` says which stream of the pair the entry is in (the fifo twin or not). The
+    receipt is a ``Receipt``: ``(entry id, count, holds_until)``. Nothing raises: an
+    entry brokerkit did not write is decoded as the rule of docs/contract.md says (see
+    ``_decode_fields``); a damaged one comes with ``defect`` set.
     """
-    body = b""
-    fifo_group = dedup_id = None
-    headers: Mapping[str, str] = NO_HEADERS
-    for i in range(0, len(flat) - 1, 2):
-        name, value = flat[i], flat[i + 1]
-        if name == F_BODY:
-            body = value
-        elif name == F_GROUP:
-            fifo_group = value.decode()
-        elif name == F_DEDUP:
-            dedup_id = value.decode()
-        elif name == F_HEADERS:
-            headers = json.loads(value)
+    body, fifo_group, dedup_id, headers, defect = _decode_fields(flat, fifo)
     count = int(count)
     return Delivery(
-        id=public_id(entry_id, fifo_group is not None),
+        id=public_id(entry_id, fifo),
         body=body,
         headers=headers,
         fifo_group=fifo_group,
@@ -152,7 +147,67 @@ def decode_entry(
         attempt=count,
         receipt=(entry_id, count, holds_until),
         extras=NO_EXTRAS,
+        defect=defect,
     )
+
+
+def _decode_fields(
+    flat: Sequence[bytes], fifo: bool
+) -> tuple[bytes, str | None, str | None, Mapping[str, str], str | None]:
+    """(body, fifo_group, dedup_id, headers, defect) of an entry's fields.
+
+    Fields brokerkit never writes are the foreign producer's: kept as headers where name
+    and value are UTF-8, dropped otherwise. An entry without any brokerkit field is
+    foreign: empty body (a stream entry has none but its fields). A defect: ``h`` not a
+    JSON object of strings, ``g`` or ``d`` not UTF-8, a ``g`` on the plain stream or none
+    on the fifo twin, brokerkit fields but no ``b``. A fifo_group that cannot be settled
+    as one (not UTF-8, or on the plain stream) is given as None.
+    """
+    body: bytes | None = None
+    group = dedup = blob = None
+    foreign: dict[str, str] = {}
+    for i in range(0, len(flat) - 1, 2):
+        name, value = flat[i], flat[i + 1]
+        if name == F_BODY:
+            body = value
+        elif name == F_GROUP:
+            group = value
+        elif name == F_DEDUP:
+            dedup = value
+        elif name == F_HEADERS:
+            blob = value
+        else:
+            try:
+                foreign[name.decode()] = value.decode()
+            except UnicodeDecodeError:
+                pass  # not representable as str -> str: dropped
+    defects: list[str] = []
+    headers: Mapping[str, str] = NO_HEADERS
+    if blob is not None:
+        headers, wrong = json_headers(blob)
+        if wrong:
+            defects.append(wrong)
+    fifo_group, dedup_id = _text(group, "fifo_group", defects), _text(dedup, "dedup_id", defects)
+    if fifo and group is None:
+        defects.append("entry of the fifo stream has no fifo_group field")
+    elif group is not None and not fifo:
+        defects.append("fifo_group field on an entry of the plain stream")
+        fifo_group = None
+    if body is None and (group is not None or dedup is not None or blob is not None):
+        defects.append("entry has no body field")
+    if foreign:
+        headers = {**foreign, **headers}
+    return body or b"", fifo_group, dedup_id, headers, "; ".join(defects) or None
+
+
+def _text(value: bytes | None, field: str, defects: list[str]) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        defects.append(f"{field} field is not UTF-8")
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -279,16 +279,26 @@ DEAD = (
     _COMMON
     + """
 -- KEYS: stream (S or F), due of F, bell, DLQ stream (the DLQ's S or F).  ARGV: group,
--- consumer, fifo prefix, id, count, fifo_group or '', then the DLQ entry's fields.
--- Copy to the DLQ and ack in one step.
+-- consumer, fifo prefix, id, count, fifo_group or '', kind ('s' | 'f': the stream), then
+-- the DLQ entry's fields. Copy to the DLQ and ack in one step. An entry of F settles in
+-- the list TAKE routed it to: the one of its own g field, read here (a damaged entry's g,
+-- not UTF-8 or missing, is not what the client could pass; missing routes to '').
 local stream, due, bell, dlq = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, me, fprefix, id = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if not holds(stream, group, me, id, ARGV[5]) then return 0 end
-redis.call('XADD', dlq, '*', unpack(ARGV, 7))
-if ARGV[6] == '' then
+redis.call('XADD', dlq, '*', unpack(ARGV, 8))
+if ARGV[7] ~= 'f' then
   redis.call('XACK', stream, group, id)
-elseif settle_fifo(stream, group, due, fprefix, id, ARGV[6], now_ms()) then
-  ring(bell)
+else
+  local fg = ARGV[6]
+  local e = redis.call('XRANGE', stream, id, id)[1]
+  if e then
+    fg = ''
+    for i = 1, #e[2], 2 do
+      if e[2][i] == 'g' then fg = e[2][i + 1] break end
+    end
+  end
+  if settle_fifo(stream, group, due, fprefix, id, fg, now_ms()) then ring(bell) end
 end
 return 1
 """

@@ -23,6 +23,7 @@ from brokerkit.backends import (
 )
 from brokerkit.backends.redis_streams._errors import MAPPED
 from brokerkit.backends.redis_streams._keys import (
+    FIFO_ID_PREFIX,
     Keys,
     Receipt,
     decode_entry,
@@ -52,9 +53,9 @@ _PRUNE_AT = 1024
 
 
 def _decode_taken(flat: Sequence[Any], holds_until: float) -> list[Delivery[Receipt]]:
-    """TAKE's flat (kind, id, fields, count)* (the kind is implied by the fields)."""
+    """TAKE's flat (kind, id, fields, count)*: kind ``f`` for an entry of the fifo twin."""
     return [
-        decode_entry(flat[i + 1], flat[i + 2], flat[i + 3], holds_until)
+        decode_entry(flat[i + 1], flat[i + 2], flat[i + 3], holds_until, fifo=flat[i] == b"f")
         for i in range(0, len(flat), 4)
     ]
 
@@ -387,7 +388,7 @@ class RedisReceiver(Receiver[Receipt]):
     ) -> list[Any]:
         args: list[Any] = [self._group, self._me, PARK, math.ceil(delay * 1000), int(uncount)]
         for d in deliveries:
-            args += (d.receipt[0], d.receipt[1], b"s" if d.fifo_group is None else b"f")
+            args += (d.receipt[0], d.receipt[1], b"f" if d.id.startswith(FIFO_ID_PREFIX) else b"s")
         link = self._link
         keys = (self._stream, self._due, self._fstream, self._fdue, self._bell)
         return list(await link.script(link.scripts.nack, keys, args))
@@ -399,17 +400,11 @@ class RedisReceiver(Receiver[Receipt]):
         atomic step (so ``publish``, the seam's copy-then-ack path, is not used)."""
         entry_id, count, _ = delivery.receipt
         fields = encode_entry(copy.body, copy.fifo_group, None, copy.headers)
-        args = [
-            self._group,
-            self._me,
-            self._fprefix,
-            entry_id,
-            count,
-            delivery.fifo_group or "",
-            *fields,
-        ]
+        fifo = delivery.id.startswith(FIFO_ID_PREFIX)  # its stream (a damaged entry's
+        kind = b"f" if fifo else b"s"  # fifo_group may be None in the twin, or disagree)
+        args = [self._group, self._me, self._fprefix, entry_id, count]
+        args += (delivery.fifo_group or "", kind, *fields)
         link = self._link
-        fifo = delivery.fifo_group is not None
         dlq = Keys.fifo(self._dlq) if copy.fifo_group is not None else self._dlq
         keys = (self._fstream if fifo else self._stream, self._fdue, self._bell, dlq)
         moved = await link.script(link.scripts.dead, keys, args)

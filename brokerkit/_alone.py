@@ -11,11 +11,14 @@ past ``max_attempts`` with it, into the DLQ. Before its hand-out:
    without one gets ``capabilities.ack_flush_interval`` to flush them);
 
 and nothing more is fetched or handed out until it is settled or its lease ends
-(``blocks``). Earlier attempts need none of this: a neighbour that lost an attempt
-(fetched ahead by a crashed consumer, or its coalesced ack lost with it) still has
-attempts left, and the last one is where it stops losing them. The cost falls on last
-attempts only. One past the last (``attempt > max_attempts``: delivered that often and
-never settled, by crashes or hangs) goes to the DLQ.
+(``blocks``). Earlier attempts get step 3 only: any redelivery may be the poison that
+killed its last consumer, and an ack coalesced just before it and lost in the next
+crash would bring a done message back with an attempt counted; after more crashes
+(SQS also counts what a killed consumer held unseen) that comeback reached the DLQ.
+Steps 1 and 2 stay with the last attempt: a neighbour that lost an attempt (fetched
+ahead by a crashed consumer) still has attempts left, and the last one is where it
+stops losing them. One past the last (``attempt > max_attempts``: delivered that often
+and never settled, by crashes or hangs) goes to the DLQ.
 
 Its own ack returns only once it is recorded too (``FlushedAck``): the next
 message handed out may be a poison, and a crash that lost a coalesced ack would bring an
@@ -109,6 +112,8 @@ class LastAttempts:
         try:
             if last:
                 deadline = await self._isolate_renewing(delivery, deadline, receiver, flush)
+            else:  # may be a poison too: the acks so far are recorded before it goes out
+                await _flush_before(receiver, flush)
             if receiver.wants_handing_out:
                 await receiver.handing_out(delivery, link.buffer.buffered())
         except asyncio.CancelledError:
@@ -161,10 +166,15 @@ class LastAttempts:
                 if rest:
                     with contextlib.suppress(LeaseExpired):
                         await receiver.release(rest)
-        try:
-            await flush_acks(receiver, flush)  # the acks made so far are recorded first
-        except BrokerkitError as exc:  # it goes out anyway: its own ack says if the broker is gone
-            _log.debug("acks before a last attempt not confirmed: %s", exc)
+        await _flush_before(receiver, flush)
+
+
+async def _flush_before(receiver: Receiver[Any], flush: float) -> None:
+    """Step 3: the acks made so far are recorded before a redelivery goes out."""
+    try:
+        await flush_acks(receiver, flush)
+    except BrokerkitError as exc:  # it goes out anyway: its own ack says if the broker is gone
+        _log.debug("acks before a redelivery not confirmed: %s", exc)
 
 
 async def flush_acks(receiver: Receiver[Any], interval: float) -> None:

@@ -229,9 +229,9 @@ class Receiver(ABC, Generic[R]):
         acks sent and confirmed (a barrier where the broker's ack has no reply). May raise
         BrokerUnavailable when the broker does not confirm within the request timeout.
 
-        The facade calls it before it hands out a message's last attempt and after that
-        message's ack: the next hand-out may be a poison, and a crash that lost a coalesced
-        ack would count an attempt for a message already done. The default does nothing,
+        The facade calls it before it hands out any redelivery (``attempt > 1``) and after
+        the ack of a last attempt: the next hand-out may be a poison, and a crash that lost
+        a coalesced ack would count an attempt for a message already done. The default does nothing,
         which is right for a backend whose ``ack`` returns recorded; one that coalesces
         (``capabilities.ack_flush_interval`` > 0) overrides it, else the facade waits the
         interval out instead.

@@ -99,3 +99,26 @@ async def test_acks_made_before_a_last_attempt_are_recorded_before_it_goes_out()
             assert (last.body, last.attempt) == (b"suspect", 2)
             assert receiver.pending == []  # the innocent's ack was recorded before it came
             await last.ack()
+
+
+async def test_acks_made_before_any_redelivery_are_recorded_before_it_goes_out() -> None:
+    """Not only a last attempt: any redelivery may be the poison that killed its last
+    consumer, and may kill this one. An ack coalesced just before it and lost in that
+    crash brings an innocent back with an attempt counted (reliability item 14: after
+    more crashes, into the DLQ). Before: only a last attempt waited for the record."""
+    backend = _CoalescingBackend.from_url(brokerkit.BrokerURL.parse(memory_url()))
+    async with brokerkit.from_backend(backend) as broker:
+        await broker.publish("q", b"suspect")
+        await broker.publish("q", b"innocent")
+        async with broker.consumer("q", "g", max_attempts=3, prefetch=1) as consumer:
+            suspect = await _next(consumer)
+            await suspect.nack(delay=0.3)
+            innocent = await _next(consumer)
+            assert innocent.body == b"innocent"
+            await innocent.ack()  # coalesced: pending until flushed
+            [receiver] = backend.receivers
+            assert [d.body for d in receiver.pending] == [b"innocent"]
+            again = await _next(consumer)
+            assert (again.body, again.attempt) == (b"suspect", 2)  # not its last attempt
+            assert receiver.pending == []  # the innocent's ack was recorded before it came
+            await again.ack()

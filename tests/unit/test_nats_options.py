@@ -125,7 +125,7 @@ def test_header_codec_is_byte_exact() -> None:
     encoded = encode_headers(user, "grp.*", "d1")
     assert encoded is not None
     assert all(v.isascii() and "\n" not in v and "\x7f" not in v for v in encoded.values())
-    assert decode_headers(encoded) == (user, "grp.*", "d1")
+    assert decode_headers(encoded) == (user, "grp.*", "d1", None)
     assert encode_headers({}, None, None) is None
 
 
@@ -138,4 +138,4 @@ def test_wire_names_are_the_toolkits() -> None:
     }
     # messages stored under the names brokerkit used before still decode
     legacy = {"x-brokerkit-h": '{"k":"v"}', "x-brokerkit-g": "grp", "Nats-Msg-Id": "d1"}
-    assert decode_headers(legacy) == ({"k": "v"}, "grp", "d1")
+    assert decode_headers(legacy) == ({"k": "v"}, "grp", "d1", None)

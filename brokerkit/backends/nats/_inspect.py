@@ -88,14 +88,12 @@ async def browse_stream(
             start = seq + 1
             if groups and seq <= floors.get(_slot_of_subject(msg.subject or ""), 0):
                 continue  # every group acked it
-            try:
-                user, fifo_group, msg_id = decode_headers(msg.headers)
-            except ValueError:
-                user, fifo_group, msg_id = dict(msg.headers or {}), None, None
+            user, fifo_group, msg_id, defect = decode_headers(msg.headers, msg.subject, layout)
             dedup_id = None if dead_letters else msg_id
             extras = {"stream_sequence": seq, "published": msg.time}
+            body = msg.data or b""
             out.append(
-                Delivery(str(seq), msg.data or b"", user, fifo_group, dedup_id, 0, None, extras)
+                Delivery(str(seq), body, user, fifo_group, dedup_id, 0, None, extras, defect)
             )
     return out
 

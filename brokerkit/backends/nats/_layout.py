@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from brokerkit.backends import FIFO_GROUP_HEADER, HEADER_PREFIX
+from brokerkit.backends import FIFO_GROUP_HEADER, HEADER_PREFIX, json_headers
 
 __all__ = [
     "DEDUP_HEADER",
@@ -46,6 +46,7 @@ without spaces: a safe header value)."""
 _LEGACY_USER_HEADERS, _LEGACY_GROUP = HEADER_PREFIX + "h", HEADER_PREFIX + "g"
 """The names brokerkit used before the toolkit's: still read, so messages stored by an
 earlier version keep their headers and fifo_group."""
+_PREFIX_LEN = len(HEADER_PREFIX)
 HEADER_ROOM = 64 * 1024
 """Bytes of ``max_payload`` kept for encoded headers: the worst case of 8 KiB of user headers."""
 
@@ -103,15 +104,39 @@ def encode_headers(
     return out or None
 
 
-def decode_headers(raw: Mapping[str, str] | None) -> tuple[dict[str, str], str | None, str | None]:
-    """(user headers, fifo_group, Nats-Msg-Id) of a delivered message."""
+def decode_headers(
+    raw: Mapping[str, str] | None, subject: str | None = None, layout: QueueLayout | None = None
+) -> tuple[dict[str, str], str | None, str | None, str | None]:
+    """(user headers, fifo_group, dedup id, defect) of a stored message; never raises.
+
+    A message without any ``x-brokerkit-`` header is foreign (or brokerkit's without user
+    headers and fifo_group): its NATS headers but ``Nats-Msg-Id`` are its user headers.
+    ``Nats-Msg-Id`` is the dedup id when it is a valid one (else it stays a header). The
+    defect names what makes a brokerkit message corrupt: a headers field that is not a
+    JSON object of strings, a fifo_group that brokerkit would refuse, or one whose
+    partition is not ``subject``'s (given with ``layout``).
+    """
     if not raw:
-        return {}, None, None
+        return {}, None, None, None
+    msg_id = raw.get(DEDUP_HEADER)
+    dedup = msg_id if msg_id is not None and _is_token(msg_id) else None
+    if not any(k[:_PREFIX_LEN].lower() == HEADER_PREFIX for k in raw):
+        user = {k: v for k, v in raw.items() if k != DEDUP_HEADER or dedup is None}
+        return user, None, dedup, None
     blob = raw.get(USER_HEADERS)
     if blob is None:
         blob = raw.get(_LEGACY_USER_HEADERS)
-    user: dict[str, str] = json.loads(blob) if blob else {}
+    user, defect = json_headers(blob) if blob is not None else ({}, None)
     group = raw.get(FIFO_GROUP_HEADER)
     if group is None:
         group = raw.get(_LEGACY_GROUP)
-    return user, group, raw.get(DEDUP_HEADER)
+    if group is not None and not _is_token(group):
+        group, defect = None, defect or "fifo_group header is not a valid fifo_group"
+    elif group is not None and layout is not None and subject != layout.subject(group):
+        defect = defect or f"fifo_group header disagrees with the subject {subject!r}"
+    return user, group, dedup, defect
+
+
+def _is_token(value: str) -> bool:
+    """A valid fifo_group or dedup id: 1-128 printable ASCII characters without spaces."""
+    return 0 < len(value) <= 128 and value.isascii() and value.isprintable() and " " not in value

@@ -41,6 +41,7 @@ from brokerkit.backends.nats._errors import BEST_EFFORT
 from brokerkit.backends.nats._layout import QueueLayout, decode_headers
 from brokerkit.backends.nats._lease import Lease, new_lease
 from brokerkit.backends.nats._link import NatsLink
+from brokerkit.backends.nats._strays import StraySweeper
 
 __all__ = ["Lease", "NatsReceiver"]
 
@@ -105,6 +106,7 @@ class NatsReceiver(Receiver[Lease]):
         self._settings = settings
         self._dead_letters = dead_letters
         self._book = None if dead_letters else AttemptBook(link, layout, group)
+        self._strays = StraySweeper(link, layout)  # messages on subjects no durable reads
         self._confirm_acks = link.options.confirm_acks
         self._request_timeout = link.options.request_timeout
         errors = link.errors
@@ -222,6 +224,7 @@ class NatsReceiver(Receiver[Lease]):
         if self._closed:
             return []
         loop = asyncio.get_running_loop()
+        self._strays.poke(loop.time())
         # wait <= 0: one short look, its end fixed once (every status that lands resets
         # nothing: with a pull per partition they land more often than a look lasts)
         end = loop.time() + (wait if wait > 0 else _LOOK)
@@ -284,10 +287,7 @@ class NatsReceiver(Receiver[Lease]):
         await self._book.record([(seq, c + 1) for seq, c in zip(seqs, counts, strict=True)])
 
     def _delivery(self, msg: Msg, reply: AckReply, deadline: float) -> Delivery[Lease]:
-        try:
-            user, fifo_group, msg_id = decode_headers(msg.headers)
-        except ValueError:  # not published by brokerkit: pass its headers through
-            user, fifo_group, msg_id = dict(msg.headers or {}), None, None
+        user, fifo_group, msg_id, defect = decode_headers(msg.headers, msg.subject, self._layout)
         return Delivery(
             id=str(reply.stream_seq),
             body=msg.data,
@@ -303,6 +303,7 @@ class NatsReceiver(Receiver[Lease]):
                 "consumer_sequence": reply.consumer_seq,
                 "num_pending": reply.num_pending,
             },
+            defect=defect,
         )
 
     # -- settling -----------------------------------------------------------------------
@@ -464,6 +465,7 @@ class NatsReceiver(Receiver[Lease]):
         if self._closed:
             return
         self._closed = True
+        await self._strays.aclose()
         link = self._link
         link.receivers.discard(self)
         self._renewed.clear()

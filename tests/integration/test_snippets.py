@@ -20,7 +20,8 @@ How a block runs:
     the same page; the two run as one, in one namespace.
   - ``<!-- snippet: pytest -->``: the block is a pytest test module; it is written to a
     file and run by pytest in a subprocess with the configuration the page states
-    (pytest-asyncio, ``asyncio_mode = auto``), and must pass at least one test.
+    (pytest-asyncio, ``asyncio_mode = auto``), and must pass at least one test. A block
+    defining a ``test_*`` function without it fails (its test would never run).
 
 A block that raises (or a pytest block that fails) fails its test, named ``PAGE:LINE``.
 Finding no block at all fails too. A block that cannot run (a signature, a sketch) has no
@@ -284,6 +285,12 @@ async def test_the_block_runs_as_written(snippet: Snippet, url: str, tmp_path: P
     if snippet.mode == "pytest":
         _run_pytest(snippet, tmp_path)
         return
+    tests = [
+        node.name
+        for node in ast.parse(snippet.code).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
+    ]
+    assert not tests, f"{snippet.where}: {tests} would only be defined: mark it 'pytest'"
     queues = _queues(snippet.code)
     await _delete_queues(url, queues)
     try:

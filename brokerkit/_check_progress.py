@@ -7,6 +7,11 @@ A pytest plugin object. It replaces pytest's progress letters (the dots) with:
 * otherwise (a CI log, a pipe, rich missing) one plain line each time the run moves
   on to another behaviour: ``[ 12/87] nack``.
 
+A test that must wait out a window the broker fixes (the suite shortens it where the
+broker lets it: ``?dedup_window=``) says so when it starts, on the bar and in a plain
+line of its own: ``[ 40/87] dedup window: test_... waits out the broker's fixed 300 s
+dedup window``, so a long silence reads as what it is.
+
 Every write happens between tests (``pytest_runtest_logstart``/``logfinish``), never
 from a thread, so pytest's output capture, active only inside a test's phases, never
 swallows it. Test ids are redacted before they are shown. Failure reports, the end
@@ -21,9 +26,33 @@ from typing import IO, Any
 
 import pytest
 
+from brokerkit._broker import connect
+from brokerkit._errors import BrokerkitError
 from brokerkit._redact import redact
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "fixed_wait"]
+
+FIXED_WINDOWS = {
+    # behaviour: (the window's capability, the capability that lets the suite shorten it)
+    "dedup window": ("dedup_window", "dedup_window_configurable"),
+}
+"""Behaviours whose tests wait a whole window out, and the capabilities that size it."""
+
+
+def fixed_wait(behaviour: str, url: object) -> str | None:
+    """What a test of ``behaviour`` on ``url`` waits for, when it waits out a fixed window."""
+    spec = FIXED_WINDOWS.get(behaviour)
+    if spec is None or not isinstance(url, str):
+        return None
+    try:
+        capabilities = connect(url).capabilities  # no I/O: fixed when the backend is built
+    except BrokerkitError:
+        return None
+    window, configurable = spec
+    if getattr(capabilities, configurable):
+        return None
+    seconds = getattr(capabilities, window)
+    return f"waits out the broker's fixed {seconds:g} s {behaviour}"
 
 
 class Progress:
@@ -47,6 +76,7 @@ class Progress:
         self._done = 0
         self._current: str | None = None
         self._passive = False
+        self._waits: dict[str, str] = {}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(
@@ -68,6 +98,11 @@ class Progress:
             # a test of no behaviour (e.g. delete_queue) is shown by its own name
             name = marker.args[0] if marker else getattr(item, "originalname", item.name)
             self._behaviour_of[item.nodeid] = name
+            callspec = getattr(item, "callspec", None)
+            url = callspec.params.get("broker_url") if callspec is not None else None
+            wait = fixed_wait(name, url)
+            if wait is not None:
+                self._waits[item.nodeid] = wait
         self._total = len(session.items)
         if self._bar is not None and not self._passive:
             self._bar.start()
@@ -77,13 +112,16 @@ class Progress:
         if self._passive:
             return
         behaviour = self._behaviour_of.get(nodeid, nodeid)
+        wait = self._waits.get(nodeid)
+        test = redact(nodeid.rpartition("::")[2], self._secrets)
         if self._bar is not None:
-            test = redact(nodeid.rpartition("::")[2], self._secrets)
-            self._bar.update(self._task, description=f"{behaviour}: {test}")
+            note = f" ({wait})" if wait else ""
+            self._bar.update(self._task, description=f"{behaviour}: {test}{note}")
             self._bar.refresh()
-        elif behaviour != self._current:
+        elif behaviour != self._current or wait:
             width = len(str(self._total))
-            self._stream.write(f"[{self._done:>{width}}/{self._total}] {behaviour}\n")
+            line = f"{behaviour}: {test} {wait}" if wait else behaviour
+            self._stream.write(f"[{self._done:>{width}}/{self._total}] {line}\n")
             self._stream.flush()
         self._current = behaviour
 

@@ -3,7 +3,8 @@
 Every import counts: module level, inside functions, under ``TYPE_CHECKING``. The layers,
 top to bottom (each may import only from layers below it, and from itself):
 
-* tools: ``_cli``, ``_check``, ``_preflight``, ``_demo``, ``_bench`` (the ``brokerkit`` command);
+* tools: ``_cli``, ``_check``, ``_check_progress``, ``_preflight``, ``_demo``, ``_bench``
+  (the ``brokerkit`` command);
 * service: ``brokerkit`` itself, the App and what is built on it (``_app``, ``_worker``,
   ``_runner``, ``_policy``, ``_middleware``, ``metrics``, ``tracing``, ``testing``,
   ``_sync``): users of the facade, like any application, and never of a backend;
@@ -28,6 +29,7 @@ MAX_LINES = 500
 TOOLS = {
     "brokerkit._cli",
     "brokerkit._check",
+    "brokerkit._check_progress",
     "brokerkit._demo",
     "brokerkit._bench",
     "brokerkit._ops_cli",

@@ -20,7 +20,7 @@ import itertools
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pamqp.commands import Basic
 
@@ -29,6 +29,7 @@ from brokerkit.backends import (
     FIFO_GROUP_HEADER,
     HEADER_PREFIX,
     NO_HEADERS,
+    Delivery,
     Outgoing,
 )
 
@@ -58,7 +59,8 @@ _BROKER_HEADERS = frozenset(
     }
 )
 _OURS = frozenset({FIFO_GROUP_HEADER, DEDUP_ID_HEADER, DEDUP_STAMP_HEADER})
-_DROP = _BROKER_HEADERS | _OURS
+
+R = TypeVar("R")
 
 _process = os.urandom(6).hex()
 _serial = itertools.count(1)
@@ -86,7 +88,7 @@ def properties(message: Outgoing, message_id: str, dedup_window_ms: int) -> Basi
 class Incoming:
     """What brokerkit reads from one AMQP delivery."""
 
-    __slots__ = ("attempt", "dedup_id", "fifo_group", "headers", "id", "stamp")
+    __slots__ = ("attempt", "dedup_id", "defect", "fifo_group", "headers", "id", "stamp")
 
     def __init__(
         self,
@@ -96,6 +98,7 @@ class Incoming:
         dedup_id: str | None,
         stamp: tuple[int, int] | None,
         attempt: int,
+        defect: str | None = None,
     ) -> None:
         self.id = id
         self.headers = headers
@@ -103,38 +106,67 @@ class Incoming:
         self.dedup_id = dedup_id
         self.stamp = stamp
         self.attempt = attempt
+        self.defect = defect
+        """What makes the message corrupt (``Delivery.defect``), or None."""
+
+    def delivery(self, body: bytes, attempt: int, receipt: R, dead_letters: bool) -> Delivery[R]:
+        dedup_id = None if dead_letters else self.dedup_id
+        return Delivery(
+            self.id, body, self.headers, self.fifo_group, dedup_id, attempt, receipt,
+            defect=self.defect,
+        )  # fmt: skip
 
 
-def _text(value: Any) -> str:
+def _utf8(value: Any) -> str | None:
+    """A header value as text: a long string, or bytes that are UTF-8; else None."""
     if isinstance(value, str):
         return value
     if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return None
+    return None
 
 
-def parse(props: Basic.Properties, fallback_id: str) -> Incoming:
-    """Read id, user headers, group, dedup id and attempt from a delivery's properties."""
+def parse(props: Basic.Properties, fallback_id: str, grouped: bool = True) -> Incoming:
+    """Read id, user headers, group, dedup id and attempt from a delivery's properties.
+
+    brokerkit writes every header as a long string. A message with none of brokerkit's
+    own headers (``x-brokerkit-...``) is foreign: its headers that are text (a long
+    string, or bytes that are UTF-8) are kept, the rest (numbers, tables, binary) dropped.
+    On one with brokerkit's headers a value of another type is a ``defect``, and so is a
+    dedup stamp that is not ``<ms>:<ms>``, and a fifo_group on a message of a queue that
+    holds no fifo groups (``grouped`` False: the main queue's queue beside the partitions).
+    """
     raw = props.headers
     message_id = props.message_id or fallback_id
     if not raw:
         return Incoming(message_id, NO_HEADERS, None, None, None, 1)
     earlier = raw.get("x-delivery-count")
     attempt = 1 + int(earlier) if isinstance(earlier, int) else 1
-    group = raw.get(FIFO_GROUP_HEADER)
-    dedup = raw.get(DEDUP_ID_HEADER)
+    ours = any(k.startswith(HEADER_PREFIX) for k in raw)
+    defect = None
+    text: dict[str, str] = {}
+    for key, value in raw.items():
+        if key in _BROKER_HEADERS:
+            continue
+        decoded = value if type(value) is str else _utf8(value)
+        if decoded is not None and (type(value) is str or not ours):
+            text[key] = decoded
+        elif ours and defect is None:
+            defect = f"header {key[:40]!r} is {type(value).__name__}, not a string"
+    group = text.get(FIFO_GROUP_HEADER)
+    dedup = text.get(DEDUP_ID_HEADER)
     stamp: tuple[int, int] | None = None
-    if dedup is not None:
-        text = _text(raw.get(DEDUP_STAMP_HEADER, ""))
-        published, _, until = text.partition(":")
+    if DEDUP_STAMP_HEADER in text:
+        published, _, until = text[DEDUP_STAMP_HEADER].partition(":")
         if published.isdigit() and until.isdigit():
             stamp = (int(published), int(until))
-    user: Mapping[str, str] = {k: _text(v) for k, v in raw.items() if k not in _DROP} or NO_HEADERS
-    return Incoming(
-        message_id,
-        user,
-        None if group is None else _text(group),
-        None if dedup is None else _text(dedup),
-        stamp,
-        attempt,
-    )
+        elif defect is None:
+            defect = "dedup-stamp header is not <ms>:<ms>"
+    if group is not None and not grouped:
+        defect = defect or "fifo_group header on a message of the queue without fifo groups"
+        group = None
+    user: Mapping[str, str] = {k: v for k, v in text.items() if k not in _OURS} or NO_HEADERS
+    return Incoming(message_id, user, group, dedup, stamp, attempt, defect)

@@ -211,7 +211,8 @@ class RabbitReceiver(Receiver[Lease]):
         self._acks.heard = self._clock()
         tag = message.delivery.delivery_tag  # type: ignore[union-attr]
         assert isinstance(tag, int)
-        incoming = parse(message.header.properties, f"tag-{generation}-{tag}")
+        grouped = source.ordered or self._dead_letters  # where a fifo_group header belongs
+        incoming = parse(message.header.properties, f"tag-{generation}-{tag}", grouped)
         if source.ordered:
             back = self._returning.pop(incoming.id, None)
             if back is not None:  # the copy of a message this receiver returned
@@ -330,15 +331,7 @@ class RabbitReceiver(Receiver[Lease]):
             held.deadline = deadline = now + lease
             leases.append((deadline, token, held))
             incoming = held.incoming
-            delivery = Delivery(
-                id=incoming.id,
-                body=held.body,
-                headers=incoming.headers,
-                fifo_group=incoming.fifo_group,
-                dedup_id=None if dead_letters else incoming.dedup_id,
-                attempt=held.attempt,
-                receipt=Lease(held, token),
-            )
+            delivery = incoming.delivery(held.body, held.attempt, Lease(held, token), dead_letters)
             out.append(delivery)
             if incoming.attempt > 1 and not held.booked:
                 redeliveries.append(delivery)

@@ -182,8 +182,10 @@ def check(
     test deselected by -k is "not run". Slow tests (the dedup window of a broker
     that fixes it) run too.
 
-    After the 17 behaviours come the optional ones (browse, stats, delete queue), judged
-    the same way: any selected test that fails, or that names no behaviour, fails the run.
+    After the 17 behaviours comes the project's own broker-side input ("unsupported"
+    for a backend the suite has no raw writer for), then the optional ones (browse,
+    stats, delete queue), judged the same way: any selected test that fails, or that
+    names no behaviour, fails the run.
     Then come the fault behaviours (CONTRACT.md section 9,
     v1.1): crash, broker restart, network cut, soak. Each is "pass", "fail" or
     "not run": a fault whose hook was not given (--restart-cmd for broker

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -13,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from brokerkit._alone import AloneLink, FlushedAck, LastAttempts
-from brokerkit._dlq import CORRUPT, REASON_MAX_ATTEMPTS, move, split_envelope
+from brokerkit._dlq import REASON_MAX_ATTEMPTS, dead_letter_corrupt, move, split_envelope
 from brokerkit._errors import (
     AlreadySettled,
     BrokerkitError,
@@ -27,7 +26,6 @@ from brokerkit._message import DeadLetterInfo
 from brokerkit._validate import check_seconds
 from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver, ReceiverSettings
 
-_log = logging.getLogger("brokerkit.consumer")
 _now = time.monotonic  # the lease clock: monotonic, and the same clock as the event loop's
 
 # How long one receive call may wait before the iterator checks for close.
@@ -355,7 +353,7 @@ class Consumer:
                     continue
                 corrupt = delivery.defect or len(delivery.body) > self._max_bytes
                 if corrupt and not self.dead_letters:  # to the DLQ, never handed out
-                    await self._dead_letter_corrupt(delivery)
+                    await dead_letter_corrupt(self.move_to_dlq, delivery, self)
                     continue
                 if delivery.attempt > 1 and not self.dead_letters:  # a redelivery
                     flush = self._backend.capabilities.ack_flush_interval if self._backend else 0.0
@@ -441,15 +439,6 @@ class Consumer:
         """Dead-letter ``delivery``: its DLQ copy carries the envelope, then it is settled."""
         count = delivery.attempt if attempts is None else attempts
         await move(self._backend, self._live_receiver(), self.ref, delivery, reason, count)
-
-    async def _dead_letter_corrupt(self, delivery: Delivery[Any]) -> None:
-        """What could not be decoded goes to the DLQ (from a DLQ: to the caller); if that
-        fails now, its lease runs out and it comes back, to be dead-lettered then."""
-        defect = delivery.defect or f"body of {len(delivery.body)} bytes over max_message_bytes"
-        try:
-            await self.move_to_dlq(delivery, CORRUPT + defect)
-        except BrokerkitError as exc:
-            _log.warning("%r: corrupt message %r not dead-lettered yet: %s", self, delivery.id, exc)
 
     async def aclose(self) -> None:
         """Stop fetching, let held messages settle (``close_timeout``), give back the rest.

@@ -8,15 +8,18 @@ so the user's headers come back byte-exact and the fields become a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
-from brokerkit._errors import InvalidArgument, MessageTooLarge
+from brokerkit._errors import BrokerkitError, InvalidArgument, MessageTooLarge
 from brokerkit._message import DeadLetterInfo, Outgoing, PublishResult
 from brokerkit._validate import RESERVED_HEADER_PREFIX
 from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver
+
+_log = logging.getLogger("brokerkit.consumer")
 
 REASON_MAX_ATTEMPTS = "max_attempts"
 CORRUPT = "corrupt: "
@@ -113,6 +116,21 @@ async def move(
             delivery, queue=ref.name, reason=reason, attempts=attempts, max_bytes=limit, bare=why
         )
         await receiver.dead_letter(delivery, bare, publish)
+
+
+async def dead_letter_corrupt(
+    move_to_dlq: Callable[[Delivery[Any], str], Awaitable[None]],
+    delivery: Delivery[Any],
+    consumer: object,
+) -> None:
+    """A message that could not be decoded goes to the DLQ, never to the caller of
+    ``consumer``; should that fail now, its lease runs out and it comes back, to be
+    dead-lettered then (a warning on the ``brokerkit.consumer`` logger)."""
+    defect = delivery.defect or f"body of {len(delivery.body)} bytes over max_message_bytes"
+    try:
+        await move_to_dlq(delivery, CORRUPT + defect)
+    except BrokerkitError as exc:
+        _log.warning("%r: corrupt message %r not dead-lettered yet: %s", consumer, delivery.id, exc)
 
 
 def split_envelope(headers: Mapping[str, str]) -> tuple[dict[str, str], DeadLetterInfo | None]:

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import brokerkit
-from brokerkit.backends import Delivery, json_headers
-from brokerkit.backends.memory import inject_raw
+from brokerkit.backends import (
+    Delivery,
+    MessageTooLarge,
+    Outgoing,
+    PublishCopy,
+    QueueRef,
+    ReceiverSettings,
+    json_headers,
+)
+from brokerkit.backends.memory import MemoryBackend, inject_raw
 
 
 def _name() -> str:
@@ -100,3 +109,38 @@ def test_json_headers_names_each_defect_and_keeps_what_decodes() -> None:
         {"a": "1"},
         "header 'b' is NoneType, not a string",
     )
+
+
+class _PickyBackend(MemoryBackend):
+    """memory://, but its DLQ refuses any copy with a body (as a DLQ with a smaller size
+    limit than its queue would, Kafka's per-topic max.message.bytes say)."""
+
+    async def subscribe(self, queue: QueueRef, group: str, settings: ReceiverSettings) -> Any:
+        receiver = await super().subscribe(queue, group, settings)
+        plain = receiver.dead_letter
+
+        async def dead_letter(delivery: Any, copy: Outgoing, publish: PublishCopy) -> None:
+            if copy.body:
+                raise MessageTooLarge("the DLQ takes no body this large")
+            await plain(delivery, copy, publish)
+
+        receiver.dead_letter = dead_letter  # type: ignore[method-assign]
+        return receiver
+
+
+async def test_a_copy_the_dlq_refuses_goes_as_the_envelope_alone_never_redelivered() -> None:
+    name = _name()
+    backend = _PickyBackend.from_url(brokerkit.BrokerURL.parse(f"memory://{name}"))
+    async with brokerkit.from_backend(backend) as broker:
+        await broker.declare("q")
+        inject_raw(name, "q", b"raw", {"k": "v", "n": 1})
+        await broker.publish("q", b"after")
+        (good,) = await _drain(broker, "q", 1)
+        assert (good.body, good.attempt) == (b"after", 1)
+        (dead,) = await _dead(broker, "q")
+        assert (dead.body, dict(dead.headers)) == (b"", {})
+        info = dead.dead_letter_info
+        assert info is not None and info.reason == (
+            "corrupt: header 'n' is int, not a string"
+            " (DLQ copy without body and headers: the DLQ refused it, MessageTooLarge)"
+        )

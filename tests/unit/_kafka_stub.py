@@ -26,6 +26,8 @@ class StubMessage:
         if dedup_id is not None:
             raw.append((DEDUP_ID_HEADER, dedup_id.encode()))
         self._headers = raw or None
+        key = fifo_group if fifo_group is not None else dedup_id
+        self._key = None if key is None else key.encode()  # what brokerkit's publish sets
         self._body = str(offset).encode() if body is None else body
 
     def partition(self) -> int:
@@ -36,6 +38,9 @@ class StubMessage:
 
     def headers(self) -> list[tuple[str, bytes]] | None:
         return self._headers
+
+    def key(self) -> bytes | None:
+        return self._key
 
     def timestamp(self) -> tuple[int, int]:
         return (1, self._timestamp)

@@ -32,6 +32,7 @@ def deliveries(batch: Batch) -> list[Delivery[Receipt]]:
                 rec.count,
                 receipt,
                 extras,
+                rec.defect,
             )
         )
     for run in batch.runs:

@@ -24,8 +24,6 @@ from confluent_kafka import OFFSET_INVALID, Consumer, ConsumerGroupTopicPartitio
 from confluent_kafka.admin import AdminClient
 
 from brokerkit.backends import (
-    DEDUP_ID_HEADER,
-    FIFO_GROUP_HEADER,
     NO_HEADERS,
     BrokerUnavailable,
     DedupWindow,
@@ -33,6 +31,7 @@ from brokerkit.backends import (
     HostPort,
     QueueStats,
 )
+from brokerkit.backends.kafka._codec import TOMBSTONE, decode_headers
 from brokerkit.backends.kafka._link import KafkaLink
 from brokerkit.backends.kafka._offsets import SETTLED, OffsetState, decode_metadata
 
@@ -188,12 +187,9 @@ def _read(
                 continue
             raw: Any = msg.headers()
             headers: Mapping[str, str] = NO_HEADERS
-            group = dedup = None
+            group = dedup = defect = None
             if raw:
-                decoded = {k: (v or b"").decode("utf-8", "replace") for k, v in raw}
-                group = decoded.pop(FIFO_GROUP_HEADER, None)
-                dedup = decoded.pop(DEDUP_ID_HEADER, None)
-                headers = decoded
+                headers, group, dedup, defect = decode_headers(raw, msg.key)
             stamp = msg.timestamp()[1]
             if dedup is not None and p in windows:
                 clock[0] = float(stamp)
@@ -202,8 +198,13 @@ def _read(
             if offset < start[p] or not _needed(commits, p, offset):
                 continue
             extras: dict[str, Any] = {"partition": p, "offset": offset, "timestamp": stamp}
-            body = msg.value() or b""
-            delivery = Delivery(f"{p}-{offset}", body, headers, group, dedup, 0, None, extras)
+            value = msg.value()
+            if value is None:
+                defect = defect or TOMBSTONE
+            body = value or b""
+            delivery = Delivery(
+                f"{p}-{offset}", body, headers, group, dedup, 0, None, extras, defect
+            )
             kept[p].append(((stamp, p, offset), delivery))
             if len(kept[p]) >= limit:
                 active.discard(p)

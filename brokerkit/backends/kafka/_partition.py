@@ -27,7 +27,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER, NO_HEADERS, DedupWindow
+from brokerkit.backends import NO_HEADERS, DedupWindow
+from brokerkit.backends.kafka._codec import TOMBSTONE, decode_headers
 from brokerkit.backends.kafka._offsets import SETTLED, decode_metadata, encode_runs, state_text
 from brokerkit.backends.kafka._segments import CONVERTED, OPEN, SETTLED_PLAIN, Segment, spans
 
@@ -72,6 +73,8 @@ class Record:
     """Deliveries so far (the attempt of the current/last hand-out)."""
     due: float = 0.0
     """Wall-clock time before which it is not handed out again (0: now)."""
+    defect: str | None = None
+    """What makes it corrupt (``_codec``): the facade dead-letters it."""
 
     def __repr__(self) -> str:  # never the body
         return f"<Record {self.part.partition}-{self.offset}>"
@@ -180,12 +183,9 @@ class Partition:
             next_offset = offset + 1
             raw = msg.headers()
             headers: Mapping[str, str] = NO_HEADERS
-            group = dedup = None
+            group = dedup = defect = None
             if raw:
-                decoded = {k: (v or b"").decode("utf-8", "replace") for k, v in raw}
-                group = decoded.pop(FIFO_GROUP_HEADER, None)
-                dedup = decoded.pop(DEDUP_ID_HEADER, None)
-                headers = decoded
+                headers, group, dedup, defect = decode_headers(raw, msg.key)
             state = None
             if dedup is not None:
                 self._now_ms = msg.timestamp()[1]
@@ -207,9 +207,12 @@ class Partition:
                     if state.count == SETTLED:
                         seg = None
                         continue
-            if group is None and dedup is None and state is None:
-                body = msg.value()
-                size = len(body) if body else 0
+            value = msg.value()
+            if value is None:  # a tombstone: a Record, so that it carries its defect
+                defect = defect or TOMBSTONE
+            if group is None and dedup is None and state is None and defect is None:
+                body = value
+                size = len(body)
                 if offset != seg_end or seg is None or len(seg.msgs) >= SEGMENT_MAX:
                     seg = Segment(self, offset)
                     segs.append(seg)
@@ -227,8 +230,9 @@ class Partition:
                 held += size
                 continue
             seg = None
-            body = msg.value() or b""
+            body = value or b""
             rec = Record(self, offset, body, headers, group, dedup, msg.timestamp()[1])
+            rec.defect = defect
             records[offset] = rec
             held += len(body)
             if state is not None:

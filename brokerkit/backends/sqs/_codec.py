@@ -25,6 +25,11 @@ carries the String attribute ``brokerkit.copy``: ``PRIOR:ORIGINAL_ID:USER_DEDUP_
 the attempts counted before the copy, the id the publisher was given (the copy reports
 it as its own) and the user's dedup id if there was one (the copy's own
 ``MessageDeduplicationId`` is fresh, or SQS would drop it as a duplicate).
+
+``decode`` never raises (docs/contract.md, "Broker-side input"): a message without any
+``brokerkit*`` attribute is another producer's, its String and Number attributes (and
+UTF-8 Binary ones) its headers; one whose brokerkit attributes cannot be decoded or
+disagree (with each other, or with its MessageGroupId) comes back with ``defect`` set.
 """
 
 from __future__ import annotations
@@ -159,7 +164,16 @@ def encode_copy(
 class Decoded:
     """The brokerkit view of one received SQS message."""
 
-    __slots__ = ("body", "copy_of", "dedup_id", "fifo_group", "group_key", "headers", "prior")
+    __slots__ = (
+        "body",
+        "copy_of",
+        "dedup_id",
+        "defect",
+        "fifo_group",
+        "group_key",
+        "headers",
+        "prior",
+    )
 
     def __init__(
         self,
@@ -170,6 +184,7 @@ class Decoded:
         group_key: str,
         copy_of: str | None = None,
         prior: int = 0,
+        defect: str | None = None,
     ) -> None:
         self.body = body
         self.headers = headers
@@ -181,69 +196,177 @@ class Decoded:
         """A copy's original MessageId (the id its publisher was given), else None."""
         self.prior = prior
         """Attempts counted before this copy was made (0 for an original)."""
+        self.defect = defect
+        """What makes the message corrupt (``Delivery.defect``), else None."""
 
 
-def _unpack_headers(data: bytes, start: int) -> Mapping[str, str]:
-    if start >= len(data):
-        return NO_HEADERS
+class _Defect(Exception):
+    """A brokerkit attribute that cannot be decoded, or attributes that disagree."""
+
+
+_DATA_TYPES = {META: "Binary", BODY: "Binary", COPY: "String"}
+_SHOWN = 40
+"""Longest foreign value quoted in a defect (a hostile one must not flood the reason)."""
+
+
+def _text_attrs(attrs: Mapping[str, Any]) -> dict[str, str]:
+    """Attributes brokerkit never writes, as headers: String and Number values, and Binary
+    ones that are UTF-8; other Binary values are dropped."""
     out: dict[str, str] = {}
+    for name, attr in attrs.items():
+        if name == META or name.startswith(META + ".") or not isinstance(attr, Mapping):
+            continue
+        value = attr.get("StringValue")
+        if isinstance(value, str):
+            out[name] = value
+            continue
+        data = attr.get("BinaryValue")
+        if isinstance(data, bytes):
+            try:
+                out[name] = data.decode()
+            except UnicodeDecodeError:
+                continue
+    return out
+
+
+def _unpack_headers(data: bytes, start: int, into: dict[str, str]) -> None:
+    """The ``u16 len, key, u32 len, value`` list from ``start``, added to ``into`` as it
+    decodes (what came before a defect is kept)."""
     pos, end = start, len(data)
     while pos < end:
+        if pos + _KEY.size > end:
+            raise _Defect(f"brokerkit attribute cut short in a header name length (byte {pos})")
         (klen,) = _KEY.unpack_from(data, pos)
-        pos += 2
-        key = data[pos : pos + klen].decode()
+        pos += _KEY.size
+        if pos + klen + _VALUE.size > end:
+            raise _Defect(f"brokerkit attribute cut short in a header name (byte {pos})")
+        raw_key = data[pos : pos + klen]
         pos += klen
         (vlen,) = _VALUE.unpack_from(data, pos)
-        pos += 4
-        out[key] = data[pos : pos + vlen].decode()
+        pos += _VALUE.size
+        if pos + vlen > end:
+            raise _Defect(f"brokerkit attribute cut short in a header value (byte {pos})")
+        raw_value = data[pos : pos + vlen]
         pos += vlen
-    return MappingProxyType(out)
+        try:
+            key, value = raw_key.decode(), raw_value.decode()
+        except UnicodeDecodeError:
+            raise _Defect("a header in the brokerkit attribute is not UTF-8") from None
+        if key in into:
+            raise _Defect(f"header {key[:_SHOWN]!r} twice in the brokerkit attribute")
+        into[key] = value
 
 
 def decode(message: Mapping[str, Any]) -> Decoded:
-    """Decode a ReceiveMessage entry (asked for with the attributes in ``receive.py``)."""
-    system = message.get("Attributes", {})
-    group_key = system.get("MessageGroupId", "")
+    """Decode a ReceiveMessage entry (asked for with the attributes in ``receive.py``).
+
+    Never raises: a message with a brokerkit attribute that cannot be decoded, or with
+    attributes that disagree, comes back with ``defect`` set, the body and the headers
+    that could be decoded. One without any brokerkit attribute is another producer's
+    (or a plain text one of ours, known by its made-up group id): its own String and
+    Number attributes are its headers."""
+    system = message.get("Attributes") or {}
+    group_key = str(system.get("MessageGroupId", ""))
     dedup = system.get("MessageDeduplicationId")
     attrs = message.get("MessageAttributes") or {}
-    copy_attr = attrs.get(COPY)
-    if copy_attr is not None:
-        return _decode_copy(message, attrs, copy_attr["StringValue"], group_key)
-    meta_attr = attrs.get(META)
-    if meta_attr is None or not meta_attr.get("BinaryValue"):
-        body = message.get("Body", "").encode()
-        if _MADE_UP_GROUP.match(group_key):  # ours: plain text, no group, dedup, headers
-            return Decoded(body, NO_HEADERS, None, None, group_key)
+    text = str(message.get("Body", ""))
+    ours = {name: attrs[name] for name in attrs if name == META or name.startswith(META + ".")}
+    foreign = _text_attrs(attrs)
+    made_up = _MADE_UP_GROUP.match(group_key) is not None
+    if not ours:
+        headers = MappingProxyType(foreign) if foreign else NO_HEADERS
+        if made_up:  # ours: plain text, no group, dedup id or headers
+            return Decoded(text.encode(), headers, None, None, group_key)
         # a message some other producer sent: its ids are all we know
-        return Decoded(body, NO_HEADERS, group_key or None, dedup, group_key)
-    meta: bytes = meta_attr["BinaryValue"]
-    flags = meta[1]
-    return Decoded(
-        _body(message, attrs, flags),
-        _unpack_headers(meta, 2),
-        group_key if flags & _USER_GROUP else None,
-        dedup if flags & _USER_DEDUP else None,
-        group_key,
-    )
+        return Decoded(text.encode(), headers, group_key or None, dedup, group_key)
+    own: dict[str, str] = {}
+    try:
+        return _decode_ours(text, ours, group_key, dedup, made_up, foreign, own)
+    except _Defect as exc:
+        body_attr = ours.get(BODY)
+        body = body_attr.get("BinaryValue") if isinstance(body_attr, Mapping) else None
+        return Decoded(
+            body if isinstance(body, bytes) else text.encode(),
+            MappingProxyType({**foreign, **own}),
+            None if made_up else group_key or None,  # SQS keeps the group blocked meanwhile
+            None,
+            group_key,
+            defect=str(exc),
+        )
 
 
-def _decode_copy(
-    message: Mapping[str, Any], attrs: Mapping[str, Any], value: str, group_key: str
+def _decode_ours(
+    text: str,
+    ours: Mapping[str, Any],
+    group_key: str,
+    dedup: str | None,
+    made_up: bool,
+    foreign: dict[str, str],
+    own: dict[str, str],
 ) -> Decoded:
-    """A copy made by ``encode_copy``: never a user's fifo_group, maybe a user's dedup id."""
-    prior, original_id, dedup = value.split(":", 2)
-    meta_attr = attrs.get(META)
-    meta: bytes = meta_attr["BinaryValue"] if meta_attr is not None else b"\x01\x00"
-    body = _body(message, attrs, meta[1])
-    headers = _unpack_headers(meta, 2)
-    return Decoded(body, headers, None, dedup or None, group_key, original_id, int(prior))
+    """``ours`` are the message's brokerkit attributes (at least one); ``own`` gets the
+    brokerkit headers as they decode, ``foreign`` holds the other attributes."""
+    for name, attr in ours.items():
+        want = _DATA_TYPES.get(name)
+        if want is None:
+            raise _Defect(f"unknown attribute {name[:_SHOWN]!r}")
+        kind = attr.get("DataType") if isinstance(attr, Mapping) else None
+        value = attr.get(f"{want}Value") if isinstance(attr, Mapping) else None
+        if kind != want or not isinstance(value, bytes if want == "Binary" else str):
+            raise _Defect(f"attribute {name} is {str(kind)[:_SHOWN]}, brokerkit writes {want}")
+    meta: bytes = ours[META]["BinaryValue"] if META in ours else b"\x01\x00"
+    if len(meta) < 2:
+        raise _Defect(f"brokerkit attribute of {len(meta)} bytes, shorter than its 2-byte prefix")
+    if meta[0] != _VERSION:
+        raise _Defect(f"brokerkit attribute of version {meta[0]} (this brokerkit reads 1)")
+    flags = meta[1]
+    if flags & ~(_USER_GROUP | _USER_DEDUP | _BINARY_BODY | _EMPTY_BODY):
+        raise _Defect(f"brokerkit attribute with unknown flags {flags:#04x}")
+    _unpack_headers(meta, 2, own)
+    body = _body(text, ours, flags)
+    copy_of, prior = None, 0
+    if COPY in ours:
+        copy_of, prior, dedup = _copy_record(ours[COPY]["StringValue"])
+        if flags & (_USER_GROUP | _USER_DEDUP):
+            raise _Defect("a brokerkit.copy whose brokerkit attribute names a group or dedup id")
+    elif not flags & _USER_DEDUP:
+        dedup = None
+    if flags & _USER_GROUP:
+        group: str | None = group_key
+    elif made_up:
+        group = None
+    else:
+        raise _Defect(
+            f"MessageGroupId {group_key[:_SHOWN]!r} is not one brokerkit makes up, yet the "
+            "brokerkit attribute says the message has no fifo_group"
+        )
+    headers = {**foreign, **own}
+    frozen = MappingProxyType(headers) if headers else NO_HEADERS
+    return Decoded(body, frozen, group, dedup, group_key, copy_of, prior)
 
 
-def _body(message: Mapping[str, Any], attrs: Mapping[str, Any], flags: int) -> bytes:
+def _copy_record(value: str) -> tuple[str, int, str | None]:
+    """``PRIOR:ORIGINAL_ID:USER_DEDUP_ID`` of a copy (``encode_copy``)."""
+    parts = value.split(":", 2)
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[0].isascii() or not parts[1]:
+        raise _Defect("brokerkit.copy is not PRIOR:ORIGINAL_ID:DEDUP_ID")
+    prior, original_id, dedup = parts
+    return original_id, int(prior), dedup or None
+
+
+def _body(text: str, ours: Mapping[str, Any], flags: int) -> bytes:
     """The body, where the flags byte of the ``brokerkit`` attribute says it is."""
     if flags & _EMPTY_BODY:
+        if flags & _BINARY_BODY or BODY in ours:
+            raise _Defect("the brokerkit attribute says the body is empty, yet it has one")
+        if text != _EMPTY_NOTE:
+            raise _Defect("the brokerkit attribute says the body is empty, MessageBody is not")
         return b""
     if flags & _BINARY_BODY:
-        body: bytes = attrs[BODY]["BinaryValue"]
+        if BODY not in ours:
+            raise _Defect("the brokerkit attribute says the body is in brokerkit.body: none")
+        body: bytes = ours[BODY]["BinaryValue"]
         return body
-    return str(message.get("Body", "")).encode()
+    if BODY in ours:
+        raise _Defect("a brokerkit.body the brokerkit attribute does not announce")
+    return text.encode()

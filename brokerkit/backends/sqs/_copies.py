@@ -41,8 +41,12 @@ COPY_MARGIN = 1.0
 
 
 def copyable(delivery: Delivery[Any], now: float) -> bool:
-    """True for a delivery without a user fifo_group whose lease has time for a copy."""
+    """True for a delivery without a user fifo_group whose lease has time for a copy.
+    Never a corrupt one: its copy would be a well-formed message made of what could be
+    decoded (the defect lost); it is given back as it is."""
     receipt = delivery.receipt
+    if delivery.defect is not None:
+        return False
     return receipt.group is None and receipt.deadline - now > COPY_MARGIN
 
 

@@ -36,7 +36,7 @@ from brokerkit.backends import (
 )
 from brokerkit.backends.sqs import _attempts
 from brokerkit.backends.sqs._acks import AckBatcher
-from brokerkit.backends.sqs._codec import BODY, COPY, META, decode
+from brokerkit.backends.sqs._codec import decode
 from brokerkit.backends.sqs._copies import COPY_MARGIN, copy_back, copyable
 from brokerkit.backends.sqs._link import Link, batches
 
@@ -50,7 +50,7 @@ MAX_VISIBILITY = 43_200
 """SQS: a message's visibility timeout ends at most 12 h after the receive that leased it."""
 _ACK_MARGIN = 0.5
 _SYSTEM = ["ApproximateReceiveCount", "MessageGroupId", "MessageDeduplicationId"]
-_ATTRS = [META, BODY, COPY]
+_ATTRS = ["All"]  # brokerkit's own, and a foreign message's: its headers (``decode``)
 _IDLE_POLL = 0.25
 _APART = 2.0
 """Seconds after a handed-out suspect's lease that what this receiver holds comes back."""
@@ -208,6 +208,7 @@ class SqsReceiver(Receiver[Receipt]):
                 dedup_id=decoded.dedup_id,
                 attempt=decoded.prior + _attempts.attempt_of(url, message_id, count),
                 receipt=receipt,
+                defect=decoded.defect,
             )
             if key is None:
                 out.append(delivery)

@@ -59,6 +59,9 @@ from brokerkit.backends.base import Delivery, Receiver
 _now = time.monotonic
 _log = logging.getLogger(__name__)
 
+REDELIVERY_FLUSH_WAIT = 0.5
+"""Longest a redelivery that is not a last attempt waits for the acks before it (s)."""
+
 
 @dataclass(frozen=True, slots=True)
 class AloneLink:
@@ -113,7 +116,7 @@ class LastAttempts:
             if last:
                 deadline = await self._isolate_renewing(delivery, deadline, receiver, flush)
             else:  # may be a poison too: the acks so far are recorded before it goes out
-                await _flush_before(receiver, flush)
+                await _flush_bounded(receiver, flush, deadline)
             if receiver.wants_handing_out:
                 await receiver.handing_out(delivery, link.buffer.buffered())
         except asyncio.CancelledError:
@@ -175,6 +178,33 @@ async def _flush_before(receiver: Receiver[Any], flush: float) -> None:
         await flush_acks(receiver, flush)
     except BrokerkitError as exc:  # it goes out anyway: its own ack says if the broker is gone
         _log.debug("acks before a redelivery not confirmed: %s", exc)
+
+
+async def _flush_bounded(receiver: Receiver[Any], flush: float, deadline: float) -> None:
+    """Step 3 for a redelivery that is not a last attempt: waited for at most
+    ``REDELIVERY_FLUSH_WAIT`` and half of its lease left (it is not renewed meanwhile),
+    then it goes out anyway while the flush finishes by itself. A flush that cannot end
+    soon (a Kafka consumer thread that sits in a revoke waiting for this very lease)
+    must not hold a redelivery back past its slack or its lease."""
+    wait = min(REDELIVERY_FLUSH_WAIT, (deadline - _now()) / 2)
+    if wait <= 0:
+        return
+    flushing = asyncio.ensure_future(_flush_before(receiver, flush))
+    try:
+        await asyncio.wait((flushing,), timeout=wait)
+    except asyncio.CancelledError:
+        if not flushing.done():
+            flushing.add_done_callback(_finished)
+        raise
+    if not flushing.done():
+        _log.debug("acks before a redelivery not confirmed within %.2fs", wait)
+        flushing.add_done_callback(_finished)
+
+
+def _finished(task: asyncio.Future[None]) -> None:
+    exc = None if task.cancelled() else task.exception()
+    if exc is not None:  # a broker error is logged by _flush_before and not raised
+        _log.warning("acks before a redelivery: the flush failed: %r", exc)
 
 
 async def flush_acks(receiver: Receiver[Any], interval: float) -> None:

@@ -122,3 +122,50 @@ async def test_acks_made_before_any_redelivery_are_recorded_before_it_goes_out()
             assert (again.body, again.attempt) == (b"suspect", 2)  # not its last attempt
             assert receiver.pending == []  # the innocent's ack was recorded before it came
             await again.ack()
+
+
+class _StuckFlush(_Coalescing):
+    """A flush that does not end until released (a Kafka consumer thread in a revoke)."""
+
+    def __init__(self, inner: Receiver[Any]) -> None:
+        super().__init__(inner)
+        self.release_flush = asyncio.Event()
+        self.flushes = 0
+
+    async def flush_acks(self) -> None:
+        self.flushes += 1
+        await self.release_flush.wait()
+        await super().flush_acks()
+
+
+class _StuckBackend(_CoalescingBackend):
+    async def subscribe(
+        self, queue: QueueRef, group: str, settings: ReceiverSettings
+    ) -> _Coalescing:
+        inner = await MemoryBackend.subscribe(self, queue, group, settings)
+        receiver = _StuckFlush(inner)
+        self.receivers.append(receiver)
+        return receiver
+
+
+async def test_a_redelivery_waits_for_a_stuck_flush_half_a_second_at_most() -> None:
+    """The wait for the acks before a redelivery (not a last attempt) is bounded: it
+    goes out with most of its lease, and the flush ends by itself later."""
+    backend = _StuckBackend.from_url(brokerkit.BrokerURL.parse(memory_url()))
+    async with brokerkit.from_backend(backend) as broker:
+        await broker.publish("q", b"suspect")
+        async with broker.consumer(
+            "q", "g", max_attempts=3, prefetch=1, ack_timeout=5.0
+        ) as consumer:
+            first = await _next(consumer)
+            await first.nack()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            again = await _next(consumer)
+            waited = loop.time() - started
+            assert (again.body, again.attempt) == (b"suspect", 2)
+            [receiver] = backend.receivers
+            assert isinstance(receiver, _StuckFlush) and receiver.flushes == 1
+            assert 0.4 <= waited < 1.5, waited  # REDELIVERY_FLUSH_WAIT (0.5 s), not forever
+            receiver.release_flush.set()
+            await again.ack()

@@ -19,6 +19,7 @@ from brokerkit.backends import (
     Outgoing,
     PublishResult,
     QueueRef,
+    QueueStats,
     ReceiverSettings,
     ResourceClosed,
     parse_options,
@@ -29,6 +30,7 @@ from brokerkit.backends.sqs._link import Link, sqs_name
 from brokerkit.backends.sqs._options import SqsOptions
 from brokerkit.backends.sqs._publish import MESSAGE_LIMIT, publish
 from brokerkit.backends.sqs._receiver import LEASE_MARGIN, MAX_VISIBILITY, SqsReceiver
+from brokerkit.backends.sqs._stats import queue_stats
 
 __all__ = ["SqsBackend"]
 
@@ -236,6 +238,10 @@ class SqsBackend(Backend):
         url, _ = await asyncio.gather(link.url(queue.main), link.url(queue.dlq))
         if group is not None:
             await link.claim_group(queue.main, url, group)
+
+    async def stats(self, queue: QueueRef, group: str | None) -> QueueStats:
+        """The queue's (or DLQ's) GetQueueAttributes counts (``_stats``)."""
+        return await queue_stats(self._live(), queue)
 
     async def delete_queue(self, queue: str) -> None:
         """Delete the FIFO queue and its DLQ (AWS: the names are reusable 60 s later)."""

@@ -12,7 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["json_headers", "str_headers"]
+from brokerkit._errors import InvalidName
+from brokerkit._validate import check_token
+
+__all__ = ["json_headers", "str_headers", "valid_token"]
 
 _JSON_KIND = {list: "an array", type(None): "null", str: "a string", bool: "a boolean"}
 _NAME_SHOWN = 40
@@ -40,4 +43,17 @@ def json_headers(blob: bytes | str) -> tuple[dict[str, str], str | None]:
     if not isinstance(value, dict):
         kind = _JSON_KIND.get(type(value), "a number")
         return {}, f"headers field is not a JSON object ({kind})"
-    return str_headers(value)
+    for item in value.values():  # a JSON object's names are str already
+        if type(item) is not str:
+            return str_headers(value)
+    return value, None
+
+
+def valid_token(value: str) -> bool:
+    """True when ``value`` is a fifo_group or dedup id that ``publish`` accepts: a broker
+    field holding anything else was not written by brokerkit (or was damaged)."""
+    try:
+        check_token("token", value)
+    except InvalidName:
+        return False
+    return True

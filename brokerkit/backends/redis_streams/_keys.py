@@ -136,7 +136,29 @@ def decode_entry(
     entry brokerkit did not write is decoded as the rule of docs/contract.md says (see
     ``_decode_fields``); a damaged one comes with ``defect`` set.
     """
-    body, fifo_group, dedup_id, headers, defect = _decode_fields(flat, fifo)
+    body: bytes | None = None
+    fifo_group = dedup_id = defect = None
+    headers: Mapping[str, str] = NO_HEADERS
+    try:  # what brokerkit writes, decoded at once; anything else below
+        for i in range(0, len(flat) - 1, 2):
+            name, value = flat[i], flat[i + 1]
+            if name == F_BODY:
+                body = value
+            elif name == F_GROUP:
+                fifo_group = value.decode()
+            elif name == F_DEDUP:
+                dedup_id = value.decode()
+            elif name == F_HEADERS:
+                headers = json.loads(value)
+                for text in headers.values():  # AttributeError: not a JSON object
+                    if type(text) is not str:
+                        raise ValueError
+            else:
+                raise ValueError
+        if body is None or (fifo_group is None) == fifo:
+            raise ValueError
+    except (ValueError, AttributeError):  # UnicodeDecodeError, JSONDecodeError: ValueErrors
+        body, fifo_group, dedup_id, headers, defect = _decode_fields(flat, fifo)
     count = int(count)
     return Delivery(
         id=public_id(entry_id, fifo),

@@ -144,3 +144,10 @@ async def test_a_copy_the_dlq_refuses_goes_as_the_envelope_alone_never_redeliver
             "corrupt: header 'n' is int, not a string"
             " (DLQ copy without body and headers: the DLQ refused it, MessageTooLarge)"
         )
+
+
+def test_a_third_party_backend_has_no_raw_writer_so_the_behaviour_is_unsupported() -> None:
+    from contract_tests._raw import raw_writer
+
+    assert raw_writer("thirdparty://host") is None  # the test then skips "unsupported: ..."
+    assert raw_writer("memory://x") is not None

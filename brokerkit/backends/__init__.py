@@ -35,7 +35,7 @@ from brokerkit._errors import (
     UnsupportedFeature,
 )
 from brokerkit._fifo import GroupGate
-from brokerkit._foreign import json_headers, str_headers
+from brokerkit._foreign import json_headers, str_headers, valid_token
 from brokerkit._leases import LeaseBook, Leased
 from brokerkit._message import Outgoing, PublishResult, QueueStats, publish_results
 from brokerkit._options import Options, parse_options
@@ -91,4 +91,5 @@ __all__ = [
     "retry_unavailable",
     "retry_unavailable_blocking",
     "str_headers",
+    "valid_token",
 ]

@@ -11,7 +11,7 @@ pytest.importorskip("confluent_kafka")
 
 from _kafka_stub import StubMessage
 
-from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER
+from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER, valid_token
 from brokerkit.backends.kafka._codec import TOMBSTONE, decode_headers
 from brokerkit.backends.kafka._partition import Partition
 
@@ -71,3 +71,12 @@ def test_read_makes_corrupt_records_records_with_their_defect() -> None:
     ]
     assert out[1].body == b""
     assert [seg.first for seg in part.fresh] == [0, 3]  # the plain neighbours stay plain
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [("g1", True), ("a.b*>", True), ("x" * 128, True), ("", False), ("a b", False),
+     ("é", False), ("x" * 129, False), ("a\tb", False)],
+)  # fmt: skip
+def test_valid_token_is_what_publish_accepts(value: str, valid: bool) -> None:
+    assert valid_token(value) is valid

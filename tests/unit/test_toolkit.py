@@ -34,6 +34,7 @@ def test_toolkit_is_pinned() -> None:
         "PublishCopy", "PublishResult", "QueueRef", "QueueStats", "Receiver", "ReceiverSettings",
         "ResourceClosed", "UnsupportedFeature", "parse_options", "publish_results",
         "retry_unavailable", "retry_unavailable_blocking", "json_headers", "str_headers",
+        "valid_token",
     }  # fmt: skip
     for name in toolkit.__all__:
         assert getattr(toolkit, name) is not None

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER, HEADER_PREFIX, NO_HEADERS
+from brokerkit.backends import (
+    DEDUP_ID_HEADER,
+    FIFO_GROUP_HEADER,
+    HEADER_PREFIX,
+    NO_HEADERS,
+    valid_token,
+)
 
 __all__ = ["TOMBSTONE", "decode_headers"]
 
@@ -60,9 +66,9 @@ def decode_headers(
         decoded[name] = text
     group = decoded.pop(FIFO_GROUP_HEADER, None)
     dedup = decoded.pop(DEDUP_ID_HEADER, None)
-    if group is not None and not _is_token(group):
+    if group is not None and not valid_token(group):
         group, defect = None, defect or "fifo_group header is not a valid fifo_group"
-    if dedup is not None and not _is_token(dedup):
+    if dedup is not None and not valid_token(dedup):
         dedup, defect = None, defect or "dedup id header is not a valid dedup id"
     if dropped and (group is not None or dedup is not None):
         defect = defect or f"header {_shown(dropped)} is not UTF-8"
@@ -75,8 +81,3 @@ def decode_headers(
 
 def _shown(name: str) -> str:
     return repr(name)[:_NAME_SHOWN]
-
-
-def _is_token(value: str) -> bool:
-    """A valid fifo_group or dedup id: 1-128 printable ASCII characters without spaces."""
-    return 0 < len(value) <= 128 and value.isascii() and value.isprintable() and " " not in value

@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from brokerkit.backends import FIFO_GROUP_HEADER, HEADER_PREFIX, json_headers
+from brokerkit.backends import FIFO_GROUP_HEADER, HEADER_PREFIX, json_headers, valid_token
 
 __all__ = [
     "DEDUP_HEADER",
@@ -119,7 +119,7 @@ def decode_headers(
     if not raw:
         return {}, None, None, None
     msg_id = raw.get(DEDUP_HEADER)
-    dedup = msg_id if msg_id is not None and _is_token(msg_id) else None
+    dedup = msg_id if msg_id is not None and valid_token(msg_id) else None
     if not any(k[:_PREFIX_LEN].lower() == HEADER_PREFIX for k in raw):
         user = {k: v for k, v in raw.items() if k != DEDUP_HEADER or dedup is None}
         return user, None, dedup, None
@@ -130,13 +130,8 @@ def decode_headers(
     group = raw.get(FIFO_GROUP_HEADER)
     if group is None:
         group = raw.get(_LEGACY_GROUP)
-    if group is not None and not _is_token(group):
+    if group is not None and not valid_token(group):
         group, defect = None, defect or "fifo_group header is not a valid fifo_group"
     elif group is not None and layout is not None and subject != layout.subject(group):
         defect = defect or f"fifo_group header disagrees with the subject {subject!r}"
     return user, group, dedup, defect
-
-
-def _is_token(value: str) -> bool:
-    """A valid fifo_group or dedup id: 1-128 printable ASCII characters without spaces."""
-    return 0 < len(value) <= 128 and value.isascii() and value.isprintable() and " " not in value

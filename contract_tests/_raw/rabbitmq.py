@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiormq
 from pamqp.commands import Basic
 
 from brokerkit import BrokerURL
@@ -26,7 +25,8 @@ from brokerkit.backends import DEDUP_ID_HEADER, FIFO_GROUP_HEADER
 from brokerkit.backends.rabbitmq import RabbitBackend
 from brokerkit.backends.rabbitmq._codec import DEDUP_STAMP_HEADER
 from brokerkit.backends.rabbitmq._topology import Topology
-from contract_tests._raw import NotApplicable
+
+from . import NotApplicable
 
 __all__ = ["RabbitRawWriter", "writer"]
 
@@ -80,6 +80,3 @@ class RabbitRawWriter:
 
 def writer(url: str) -> RabbitRawWriter:
     return RabbitRawWriter(url)
-
-
-_ = aiormq  # the client the channel above belongs to

@@ -36,6 +36,11 @@ def test_the_suite_ships_as_brokerkit_contract_not_contract_tests() -> None:
     assert SETUPTOOLS["package-dir"] == {"brokerkit_contract": "contract_tests"}
     assert "brokerkit_contract" in SETUPTOOLS["packages"]
     assert not [p for p in SETUPTOOLS["packages"] if p.split(".")[0] == "contract_tests"]
+    subpackages = {
+        ".".join(("brokerkit_contract", *p.parent.relative_to(ROOT / "contract_tests").parts))
+        for p in (ROOT / "contract_tests").rglob("__init__.py")
+    }
+    assert subpackages <= set(SETUPTOOLS["packages"]), subpackages - set(SETUPTOOLS["packages"])
     data = PROJECT["tool"]["setuptools"]["package-data"]["brokerkit_contract"]
     assert all((ROOT / "contract_tests" / f).is_file() for f in data)
 

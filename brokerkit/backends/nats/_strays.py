@@ -85,6 +85,7 @@ class StraySweeper:
         self._layout = layout
         self._due = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._failing = False
 
     def poke(self, now: float) -> None:
         """Start a sweep if one is due (``now``: the loop's clock) and none is running."""
@@ -96,9 +97,12 @@ class StraySweeper:
     async def _run(self) -> None:
         try:
             moved = await sweep(self._link, self._layout)
-        except BEST_EFFORT as exc:  # tried again at the next sweep
-            _log.warning("%s: moving stray messages failed: %s", self._layout.stream, exc)
+        except BEST_EFFORT as exc:  # tried again at the next sweep; said once per outage
+            level = logging.DEBUG if self._failing else logging.WARNING
+            self._failing = True
+            _log.log(level, "%s: moving stray messages failed: %s", self._layout.stream, exc)
             return
+        self._failing = False
         if moved:
             _log.warning(
                 "%s: moved %d message(s) from subjects no consumer reads onto %s",

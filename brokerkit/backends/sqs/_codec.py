@@ -209,24 +209,28 @@ _SHOWN = 40
 """Longest foreign value quoted in a defect (a hostile one must not flood the reason)."""
 
 
-def _text_attrs(attrs: Mapping[str, Any]) -> dict[str, str]:
-    """Attributes brokerkit never writes, as headers: String and Number values, and Binary
-    ones that are UTF-8; other Binary values are dropped."""
-    out: dict[str, str] = {}
+def _split(attrs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(brokerkit's attributes, the others as headers): of the others, String and Number
+    values are kept, and Binary ones that are UTF-8; other Binary values are dropped."""
+    ours: dict[str, Any] = {}
+    foreign: dict[str, str] = {}
     for name, attr in attrs.items():
-        if name == META or name.startswith(META + ".") or not isinstance(attr, Mapping):
+        if name.startswith(META) and (len(name) == len(META) or name[len(META)] == "."):
+            ours[name] = attr
+            continue
+        if not isinstance(attr, Mapping):
             continue
         value = attr.get("StringValue")
         if isinstance(value, str):
-            out[name] = value
+            foreign[name] = value
             continue
         data = attr.get("BinaryValue")
         if isinstance(data, bytes):
             try:
-                out[name] = data.decode()
+                foreign[name] = data.decode()
             except UnicodeDecodeError:
                 continue
-    return out
+    return ours, foreign
 
 
 def _unpack_headers(data: bytes, start: int, into: dict[str, str]) -> None:
@@ -268,21 +272,20 @@ def decode(message: Mapping[str, Any]) -> Decoded:
     system = message.get("Attributes") or {}
     group_key = str(system.get("MessageGroupId", ""))
     dedup = system.get("MessageDeduplicationId")
-    attrs = message.get("MessageAttributes") or {}
+    attrs = message.get("MessageAttributes")
     text = str(message.get("Body", ""))
-    ours = {name: attrs[name] for name in attrs if name == META or name.startswith(META + ".")}
-    foreign = _text_attrs(attrs)
-    made_up = _MADE_UP_GROUP.match(group_key) is not None
+    ours, foreign = _split(attrs) if attrs else ({}, {})
     if not ours:
         headers = MappingProxyType(foreign) if foreign else NO_HEADERS
-        if made_up:  # ours: plain text, no group, dedup id or headers
+        if _MADE_UP_GROUP.match(group_key):  # ours: plain text, no group, dedup id, headers
             return Decoded(text.encode(), headers, None, None, group_key)
         # a message some other producer sent: its ids are all we know
         return Decoded(text.encode(), headers, group_key or None, dedup, group_key)
     own: dict[str, str] = {}
     try:
-        return _decode_ours(text, ours, group_key, dedup, made_up, foreign, own)
+        return _decode_ours(text, ours, group_key, dedup, foreign, own)
     except _Defect as exc:
+        made_up = _MADE_UP_GROUP.match(group_key) is not None
         body_attr = ours.get(BODY)
         body = body_attr.get("BinaryValue") if isinstance(body_attr, Mapping) else None
         return Decoded(
@@ -300,7 +303,6 @@ def _decode_ours(
     ours: Mapping[str, Any],
     group_key: str,
     dedup: str | None,
-    made_up: bool,
     foreign: dict[str, str],
     own: dict[str, str],
 ) -> Decoded:
@@ -333,14 +335,14 @@ def _decode_ours(
         dedup = None
     if flags & _USER_GROUP:
         group: str | None = group_key
-    elif made_up:
+    elif _MADE_UP_GROUP.match(group_key):
         group = None
     else:
         raise _Defect(
             f"MessageGroupId {group_key[:_SHOWN]!r} is not one brokerkit makes up, yet the "
             "brokerkit attribute says the message has no fifo_group"
         )
-    headers = {**foreign, **own}
+    headers = {**foreign, **own} if foreign else own
     frozen = MappingProxyType(headers) if headers else NO_HEADERS
     return Decoded(body, frozen, group, dedup, group_key, copy_of, prior)
 

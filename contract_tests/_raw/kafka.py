@@ -6,8 +6,9 @@ the queue's topic (``<topic_prefix>.<queue>``), with the URL's connection settin
 Kinds: ``bare`` (no brokerkit header; a foreign header ``X-Foreign``), ``corrupt``
 (``x-brokerkit-fifo-group`` is not UTF-8), ``wrong_type`` (a header with a null value,
 which brokerkit never writes), ``oversize`` (a value over ``max_message_bytes`` that the
-broker's ``message.max.bytes`` still takes) and ``tombstone`` (a record without a value:
-the body is its key and its ``X-Marker`` header).
+broker's ``message.max.bytes`` still takes), ``tombstone`` (a record without a value:
+the body is its key and its ``X-Marker`` header) and ``group_key`` (a fifo_group header
+that is not the record's key).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ MARKER_HEADER = "X-Marker"
 class KafkaRawWriter:
     """Writes raw records with a confluent-kafka ``Producer`` of its own."""
 
-    extra_kinds: tuple[str, ...] = ("tombstone",)
+    extra_kinds: tuple[str, ...] = ("tombstone", "group_key")
 
     def __init__(self, url: str) -> None:
         parsed = BrokerURL.parse(url)
@@ -61,6 +62,8 @@ class KafkaRawWriter:
             value = (body or b"") + b"x" * (size - len(body or b""))
         elif kind == "tombstone":
             key, value, headers = body, None, [(MARKER_HEADER, body)]
+        elif kind == "group_key":  # a fifo_group that is not the record's key
+            key, headers = b"another-key", [(FIFO_GROUP_HEADER, b"raw-group")]
         else:
             raise ValueError(f"unknown kind {kind!r}")
         await self._produce(topic, value, key, headers)

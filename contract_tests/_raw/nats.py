@@ -7,13 +7,15 @@ the server stores each message as it would any other producer's.
 Kinds: ``bare`` (no brokerkit header; a foreign NATS header ``X-Foreign``), ``corrupt``
 (``x-brokerkit-headers`` is not JSON), ``wrong_type`` (``x-brokerkit-headers`` is JSON
 but not an object: ``[1,2]``), ``oversize`` (a body over ``max_message_bytes`` that the
-server's ``max_payload`` still takes) and ``unfiltered_subject`` (a subject inside the
-queue's stream that no durable consumer filters: ``<prefix>.q.<queue>.stray``).
+server's ``max_payload`` still takes), ``unfiltered_subject`` (a subject inside the
+queue's stream that no durable consumer filters: ``<prefix>.q.<queue>.stray``) and
+``group_subject`` (a fifo_group header on a message of ``.u``, not its partition's).
 """
 
 from __future__ import annotations
 
 from brokerkit import BrokerURL
+from brokerkit.backends import FIFO_GROUP_HEADER
 from brokerkit.backends.nats import NatsBackend
 from brokerkit.backends.nats._layout import USER_HEADERS, QueueLayout
 from contract_tests._raw import NotApplicable
@@ -27,7 +29,7 @@ FOREIGN_HEADER = "X-Foreign"
 class NatsRawWriter:
     """Writes raw messages with nats-py through a connection of its own."""
 
-    extra_kinds: tuple[str, ...] = ("unfiltered_subject",)
+    extra_kinds: tuple[str, ...] = ("unfiltered_subject", "group_subject")
 
     def __init__(self, url: str) -> None:
         self._backend = NatsBackend.from_url(BrokerURL.parse(url))
@@ -56,6 +58,8 @@ class NatsRawWriter:
             body = body + b"x" * (size - len(body))
         elif kind == "unfiltered_subject":
             subject = f"{root}.stray"
+        elif kind == "group_subject":  # a fifo_group on the subject of messages without one
+            headers = {FIFO_GROUP_HEADER: "raw-group"}
         else:
             raise ValueError(f"unknown kind {kind!r}")
         await backend.link.js.publish(subject, body, headers=headers)

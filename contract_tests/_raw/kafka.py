@@ -22,7 +22,8 @@ from brokerkit import BrokerURL
 from brokerkit.backends import FIFO_GROUP_HEADER, parse_options
 from brokerkit.backends.kafka import KafkaBackend, KafkaOptions
 from brokerkit.backends.kafka._options import client_config
-from contract_tests._raw import NotApplicable
+
+from . import NotApplicable
 
 __all__ = ["KafkaRawWriter", "writer"]
 

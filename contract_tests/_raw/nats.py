@@ -18,7 +18,8 @@ from brokerkit import BrokerURL
 from brokerkit.backends import FIFO_GROUP_HEADER
 from brokerkit.backends.nats import NatsBackend
 from brokerkit.backends.nats._layout import USER_HEADERS, QueueLayout
-from contract_tests._raw import NotApplicable
+
+from . import NotApplicable
 
 __all__ = ["NatsRawWriter", "writer"]
 

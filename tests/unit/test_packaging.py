@@ -46,10 +46,10 @@ def test_the_suite_ships_as_brokerkit_contract_not_contract_tests() -> None:
 
 
 def test_the_suite_imports_itself_relatively_so_either_name_works() -> None:
-    for path in (ROOT / "contract_tests").glob("*.py"):
+    for path in (ROOT / "contract_tests").rglob("*.py"):  # subpackages too (_raw)
         for line in path.read_text().splitlines():
             assert not line.startswith(("from contract_tests", "import contract_tests")), (
-                path.name,
+                str(path.relative_to(ROOT)),
                 line,
             )
 

@@ -180,6 +180,14 @@ async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the
                 excused.append(body)  # acked within the coalescing window before SIGKILL
             else:
                 duplicates.append(body)
+
+    def story(body: str) -> list[str]:
+        """Its hand-outs and acks, in that order (was an ack lost in a kill?)."""
+        return [
+            *(_delivery(c, t, attempt, started) for c, t, attempt in got.get(body, [])),
+            *("acked: " + _delivery(c, t, a, started) for c, t, a in acks.get(body, [])),
+        ]
+
     figures = {
         "url_scheme": brokerkit.BrokerURL.parse(str(broker_url)).scheme,
         "prefetch": prefetch,
@@ -204,12 +212,10 @@ async def test_consumer_killed_mid_handler_redelivers_then_dead_letters_only_the
         },
         # each dead-lettered innocent's hand-outs and acks (was an ack lost in a kill?)
         "dead_lettered_story": {
-            body: [
-                *(_delivery(c, t, attempt, started) for c, t, attempt in got.get(body, [])),
-                *("acked: " + _delivery(c, t, a, started) for c, t, a in acks.get(body, [])),
-            ]
-            for body in sorted({entry.split()[0] for entry in dead_innocents})
+            body: story(body) for body in sorted({entry.split()[0] for entry in dead_innocents})
         },
+        # the same for each one acked again after an ack in a kill's coalescing window
+        "redelivered_in_window_story": {body: story(body) for body in sorted(set(excused))},
         "seconds": round(time.monotonic() - started, 1),
     }
     record(request, "crash", figures)

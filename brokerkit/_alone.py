@@ -103,9 +103,10 @@ class LastAttempts:
         self, delivery: Delivery[Any], deadline: float, receiver: Receiver[Any], flush: float
     ) -> float | None:
         """For a redelivery (``attempt > 1``): the lease end to hand it out with now
-        (alone at ``attempt >= max_attempts``), None when it went to the DLQ or its lease
-        was lost meanwhile. ``flush`` is the backend's ``capabilities.ack_flush_interval``.
-        Cancel-safe: a cancelled call puts the delivery back in front."""
+        (alone at ``attempt >= max_attempts``, else after ``_flush_bounded``), None when
+        it went to the DLQ or its lease was lost meanwhile. ``flush`` is the backend's
+        ``capabilities.ack_flush_interval``. Cancel-safe: a cancelled call puts the
+        delivery back in front."""
         link = self._link
         last = delivery.attempt >= link.max_attempts
         if delivery.attempt > link.max_attempts:

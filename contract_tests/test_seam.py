@@ -35,6 +35,7 @@ from ._helpers import (
     receive,
     redelivery_deadline,
 )
+from ._wrap import wrapped
 
 LEASE = 1.0
 
@@ -121,48 +122,11 @@ class _SlowReplyReceiver(ForwardingReceiver):
         return got
 
 
-class _Wrapped(Backend):
-    """The URL's own backend, its receivers wrapped in ``receiver``."""
-
-    def __init__(self, inner: Backend, receiver: type[ForwardingReceiver]) -> None:
-        self.inner = inner
-        self.receiver = receiver
-        self.capabilities = inner.capabilities
-
-    @classmethod
-    def from_url(cls, url: brokerkit.BrokerURL) -> Backend:
-        raise NotImplementedError  # built around an existing backend only
-
-    async def open(self) -> None:
-        await self.inner.open()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-    async def publish(
-        self, queue: QueueRef, messages: Sequence[brokerkit.Outgoing]
-    ) -> list[brokerkit.PublishResult]:
-        return await self.inner.publish(queue, messages)
-
-    async def delete_queue(self, queue: str) -> None:
-        await self.inner.delete_queue(queue)
-
-    async def subscribe(
-        self, queue: QueueRef, group: str, settings: ReceiverSettings
-    ) -> Receiver[Any]:
-        return self.receiver(await self.inner.subscribe(queue, group, settings))
-
-
-def _wrapped(broker_url: str, receiver: type[ForwardingReceiver]) -> brokerkit.Broker:
-    inner = brokerkit.connect(broker_url).backend  # unopened; the wrapper opens it
-    return brokerkit.from_backend(_Wrapped(inner, receiver))
-
-
 @pytest.mark.behaviour("lease expiry")
 async def test_seam_facade_refuses_a_settle_after_the_lease_even_if_the_backend_would_not(
     broker_url: str, queue: str, group: str
 ) -> None:
-    async with _wrapped(broker_url, _LaxReceiver) as lax:
+    async with wrapped(broker_url, _LaxReceiver) as lax:
         await lax.publish(queue, b"x")
         async with lax.consumer(queue, group, ack_timeout=LEASE, close_timeout=0) as consumer:
             for settle in ("ack", "nack", "dead_letter", "extend"):
@@ -193,7 +157,7 @@ async def test_seam_facade_keeps_what_a_cancelled_fetch_leased(
     """
     count = 20
     got: list[brokerkit.Message] = []
-    async with _wrapped(broker_url, _SlowReplyReceiver) as slow:
+    async with wrapped(broker_url, _SlowReplyReceiver) as slow:
         await slow.publish_many(queue, [brokerkit.Outgoing(f"s{i}".encode()) for i in range(count)])
         async with slow.consumer(queue, group, prefetch=4, ack_timeout=60.0) as consumer:
             deadline = time.monotonic() + WAIT

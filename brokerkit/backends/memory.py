@@ -17,6 +17,11 @@ How the contract maps:
 * dedup -> ``DedupWindow`` per queue, ``?dedup_window=SECONDS`` (default 300);
 * leases, nack delays and FIFO groups -> the core's ``LeaseBook`` per group (a
   ``GroupGate`` inside: only a group's head is ever due, one at a time).
+
+Fault injection, for tests only (so failure paths are driven, not hoped for):
+``fail_publishes`` makes the next publish calls to a queue (or its DLQ) fail with
+BrokerUnavailable, ``lose_lease`` ends a delivery's lease now, as a broker that lost
+it would.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pydantic import Field
 
 from brokerkit.backends import (
     Backend,
+    BrokerUnavailable,
     BrokerURL,
     Capabilities,
     ConfigError,
@@ -52,7 +58,7 @@ from brokerkit.backends import (
     str_headers,
 )
 
-__all__ = ["MemoryBackend", "MemoryOptions", "inject_raw"]
+__all__ = ["MemoryBackend", "MemoryOptions", "fail_publishes", "inject_raw", "lose_lease"]
 
 
 class MemoryOptions(Options):
@@ -80,6 +86,8 @@ class _Group:
 
     book: LeaseBook[int] = field(default_factory=LeaseBook)
     attempts: dict[int, int] = field(default_factory=dict)
+    receipts: dict[int, Leased[int]] = field(default_factory=dict)
+    """The last receipt handed out per entry (for ``lose_lease``)."""
 
     def add(self, entry: _Entry, now: float) -> None:
         entry.refs += 1
@@ -135,6 +143,8 @@ class _Hub:
         self.queues: dict[str, _Queue] = {}
         self._seq = itertools.count(1)
         self._waiters: list[asyncio.Future[None]] = []
+        self.faults: dict[QueueRef, int] = {}
+        """Publish calls still to fail per queue (``fail_publishes``)."""
 
     @classmethod
     def named(cls, name: str) -> _Hub:
@@ -155,6 +165,16 @@ class _Hub:
         return _Entry(
             seq, time.monotonic(), str(seq), msg.body, headers, msg.fifo_group, msg.dedup_id
         )
+
+    def injected_fault(self, queue: QueueRef) -> None:
+        """BrokerUnavailable if ``fail_publishes`` said so for ``queue`` (counting it)."""
+        left = self.faults.get(queue, 0)
+        if left > 0:
+            if left == 1:
+                del self.faults[queue]
+            else:
+                self.faults[queue] = left - 1
+            raise BrokerUnavailable(f"memory://: publish to {queue} failed (injected)")
 
     def wake(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -192,6 +212,38 @@ def inject_raw(
     hub.queues[queue].main.append(entry)
 
 
+def fail_publishes(name: str, queue: str, count: int = 1, *, dead_letters: bool = False) -> None:
+    """For tests only: the next ``count`` publish calls to ``queue`` (its DLQ with
+    ``dead_letters``) of ``memory://name`` raise BrokerUnavailable and store nothing, as a
+    broker that refused them would. ``count=0`` ends it."""
+    ref = QueueRef(queue, dead_letters)
+    faults = _Hub.named(name).faults
+    if count > 0:
+        faults[ref] = count
+    else:
+        faults.pop(ref, None)
+
+
+def lose_lease(
+    name: str, queue: str, group: str, message_id: str, *, dead_letters: bool = False
+) -> bool:
+    """For tests only: end the live lease of message ``message_id`` of consumer ``group``
+    on ``queue`` (its DLQ with ``dead_letters``) of ``memory://name`` now, as a broker
+    that lost it would: the message is due again at once, a settle of the old delivery
+    raises LeaseExpired. False when no such lease is live."""
+    hub = _Hub.named(name)
+    q = hub.queues.get(queue)
+    view = q.log(QueueRef(queue, dead_letters)).groups.get(group) if q is not None else None
+    seq = int(message_id) if message_id.isdigit() else -1
+    leased = view.receipts.get(seq) if view is not None else None
+    now = time.monotonic()
+    if view is None or leased is None or not view.book.holds(seq, leased.token, now):
+        return False
+    view.book.extend(seq, leased.token, now - 1e-6, now)  # ended: due at the next take
+    hub.wake()
+    return True
+
+
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -224,6 +276,8 @@ class MemoryBackend(Backend):
         return cls(name, options)
 
     async def publish(self, queue: QueueRef, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        if self._hub.faults:
+            self._hub.injected_fault(queue)
         q = self._hub.queue(queue.name, self.options.dedup_window)
         log = q.log(queue)
         results = []
@@ -271,14 +325,21 @@ class MemoryBackend(Backend):
     ) -> _MemoryReceiver:
         q = self._hub.queue(queue.name, self.options.dedup_window)
         log = q.log(queue)
-        return _MemoryReceiver(self._hub, q, log, log.group(group), settings)
+        return _MemoryReceiver(self._hub, queue, q, log, log.group(group), settings)
 
 
 class _MemoryReceiver(Receiver[Leased[int]]):
     def __init__(
-        self, hub: _Hub, queue: _Queue, log: _Log, group: _Group, settings: ReceiverSettings
+        self,
+        hub: _Hub,
+        ref: QueueRef,
+        queue: _Queue,
+        log: _Log,
+        group: _Group,
+        settings: ReceiverSettings,
     ) -> None:
         self._hub = hub
+        self._ref = ref
         self._queue = queue
         self._log = log
         self._group = group
@@ -292,6 +353,7 @@ class _MemoryReceiver(Receiver[Leased[int]]):
             seq = leased.key
             attempt = group.attempts[seq] = group.attempts.get(seq, 0) + 1
             entry = entries[seq]
+            group.receipts[seq] = leased
             out.append(
                 Delivery(
                     id=entry.id,
@@ -322,6 +384,7 @@ class _MemoryReceiver(Receiver[Leased[int]]):
         group = self._group
         group.book.settle(leased.key, leased.token, time.monotonic())  # LeaseExpired if lost
         group.attempts.pop(leased.key, None)
+        group.receipts.pop(leased.key, None)
         entry = self._log.entries.get(leased.key)
         if entry is not None:
             self._log.release_entry(entry)
@@ -353,6 +416,8 @@ class _MemoryReceiver(Receiver[Leased[int]]):
         leased = delivery.receipt
         if not self._group.book.holds(leased.key, leased.token, time.monotonic()):
             self._settle(delivery)  # raises LeaseExpired
+        if self._hub.faults:  # a DLQ refused by fail_publishes: the move fails whole
+            self._hub.injected_fault(self._ref.dlq)
         self._queue.dlq.append(self._hub.new_entry(copy))  # no await between the two
         self._settle(delivery)
 

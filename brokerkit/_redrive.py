@@ -17,7 +17,8 @@ parallel test run, and ``limit=1`` moved a younger message first).
 
 Each message is republished (without its dedup id, which would suppress it, and with
 the fifo_group it died with), then acked in the DLQ: a crash in between leaves a copy
-in both, never in neither.
+in both, never in neither. A move that fails (the republish refused) raises, and gives
+back what the window held, that message included: the next redrive finds it at once.
 """
 
 from __future__ import annotations
@@ -86,7 +87,11 @@ async def redrive(
             delivery = oldest[3]
             headers, info = split_envelope(delivery.headers)
             fifo_group = info.fifo_group if info else delivery.fifo_group
-            await backend.publish(ref, [Outgoing(delivery.body, fifo_group, None, headers)])
+            try:
+                await backend.publish(ref, [Outgoing(delivery.body, fifo_group, None, headers)])
+            except BaseException:
+                window.append(oldest)  # not moved: given back below, due again at once
+                raise
             await receiver.ack(delivery)
             moved += 1
             if limit is not None and moved >= limit:
@@ -95,8 +100,12 @@ async def redrive(
             await take_in(_SETTLE if fifo_group is not None else 0.0)
             if not window:
                 await take_in(first_wait, _FIRST_SETTLE)
-        if window:
-            await receiver.release([w[3] for w in window])
     finally:
-        await receiver.aclose()
+        if window:  # what is left, or all a failed move held: never leased for a minute
+            try:
+                await receiver.release([w[3] for w in window])
+            finally:
+                await receiver.aclose()
+        else:
+            await receiver.aclose()
     return moved

@@ -4,12 +4,16 @@
 receiver wrapped in a ``ForwardingReceiver`` subclass (a fault, a slow reply, a lax lease
 check) and, with ``refuse``, publish calls failed on demand: ``refuse(queue, messages)``
 returns why this backend call fails (BrokerUnavailable, nothing sent) or None to let it
-through. So failure paths (a redrive whose republish fails, one coalesced publish batch
-that fails) are driven through the public API on any broker, not hoped for.
+through; with ``pause``, each publish call takes that long more (a slow broker reply: the
+facade then gathers concurrent publishes into batches, as it does on a loaded broker,
+even on memory://, whose publish never waits). So failure paths (a redrive whose
+republish fails, one coalesced publish batch that fails) are driven through the public
+API on any broker, not hoped for.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,8 +41,10 @@ class Wrapped(Backend):
         inner: Backend,
         receiver: type[ForwardingReceiver] = ForwardingReceiver,
         refuse: Refuse | None = None,
+        pause: float = 0.0,
     ) -> None:
         self.inner = inner
+        self.pause = pause
         self.receiver = receiver
         self.refuse = refuse
         self.refused = 0
@@ -58,6 +64,8 @@ class Wrapped(Backend):
     async def publish(
         self, queue: QueueRef, messages: Sequence[brokerkit.Outgoing]
     ) -> list[brokerkit.PublishResult]:
+        if self.pause:
+            await asyncio.sleep(self.pause)
         why = self.refuse(queue, messages) if self.refuse is not None else None
         if why is not None:
             self.refused += 1
@@ -86,7 +94,8 @@ def wrapped(
     broker_url: str,
     receiver: type[ForwardingReceiver] = ForwardingReceiver,
     refuse: Refuse | None = None,
+    pause: float = 0.0,
 ) -> brokerkit.Broker:
     """A Broker over ``Wrapped`` around ``broker_url``'s backend (unopened; it opens it)."""
     inner = brokerkit.connect(broker_url).backend
-    return brokerkit.from_backend(Wrapped(inner, receiver, refuse))
+    return brokerkit.from_backend(Wrapped(inner, receiver, refuse, pause))

@@ -45,7 +45,7 @@ def check_token(kind: str, value: object) -> str | None:
 def check_outgoing(
     msg: Outgoing, *, max_bytes: int, max_headers: int, max_header_bytes: int
 ) -> Outgoing:
-    """Validate one message; return it (or a normalised copy: bytes body, dict headers).
+    """Validate one message; return it (or a normalised copy: bytes body, headers copied).
 
     This runs once per published message, so the common case (bytes body, no
     or few headers) takes the short path.
@@ -100,7 +100,9 @@ def check_headers(headers: object, *, max_headers: int, max_bytes: int) -> dict[
             total += len(key.encode()) + len(value.encode()) - len(key) - len(value)
     if total > max_bytes:
         raise InvalidMessage(f"headers are {total} bytes in all; at most {max_bytes} are allowed")
-    return headers if type(headers) is dict else dict(headers)
+    # a copy, always: the caller may change its dict once the call is made (a publish
+    # gathered behind others is sent later), and what was checked is what is sent
+    return dict(headers)
 
 
 def check_seconds(

@@ -205,13 +205,22 @@ class Receiver(ABC, Generic[R]):
         """Move the message to the queue's DLQ and settle the original.
 
         ``copy`` is the DLQ copy the facade built (body, the user's headers plus the
-        envelope, fifo_group; no dedup id). The default copies first, through
-        ``publish`` (the backend's own ``publish`` to the queue's DLQ), then acks, so a
-        crash in between leaves a copy in both, never in neither. Override it where the
-        broker can move atomically.
+        envelope, fifo_group; no dedup id). The default checks the lease
+        (``check_lease``), copies through ``publish`` (the backend's own ``publish`` to
+        the queue's DLQ), then acks, so a crash in between leaves a copy in both, never
+        in neither, and a lease known lost leaves none. Override it where the broker can
+        move atomically. Raises LeaseExpired when the lease was lost.
         """
+        self.check_lease(delivery)
         await publish(copy)
         await self.ack(delivery)
+
+    def check_lease(self, delivery: Delivery[R]) -> None:
+        """Raise LeaseExpired when this receiver knows the lease on ``delivery`` is lost
+        (ran out, or the broker took it back). The default ``dead_letter`` calls it before
+        it copies, so a delivery already given to another holder is not also copied to
+        the DLQ. The default knows nothing; a backend whose ``ack`` checks a lease of its
+        own overrides it with that check."""
 
     async def handing_out(self, delivery: Delivery[R], unseen: Sequence[Delivery[R]]) -> None:
         """The facade hands this redelivered message (attempt > 1) to its caller now;

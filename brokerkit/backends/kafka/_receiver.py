@@ -286,6 +286,9 @@ class KafkaReceiver(Receiver[Receipt]):
 
     # ================================================================ settling
 
+    def check_lease(self, delivery: Delivery[Receipt]) -> None:
+        self._schedule.leased(delivery.receipt, time.monotonic())  # else LeaseExpired
+
     async def ack(self, delivery: Delivery[Receipt]) -> None:
         """ack -> settled in memory; the commit follows within ack_flush_interval, or is
         awaited when the broker was not heard from lately (see the module docstring)."""

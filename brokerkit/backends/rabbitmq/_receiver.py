@@ -352,6 +352,9 @@ class RabbitReceiver(Receiver[Lease]):
             raise LeaseExpired(f"cannot {verb} message {delivery.id!r}: its lease was lost")
         return held
 
+    def check_lease(self, delivery: Delivery[Lease]) -> None:
+        self._held(delivery, "dead-letter")
+
     async def ack(self, delivery: Delivery[Lease]) -> None:
         """ack -> ``basic.ack``; the message's group (if any) moves on."""
         held = self._held(delivery, "ack")

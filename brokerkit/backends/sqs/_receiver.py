@@ -311,6 +311,9 @@ class SqsReceiver(Receiver[Receipt]):
         else:
             del self._groups[key]
 
+    def check_lease(self, delivery: Delivery[Receipt]) -> None:
+        self._check(delivery)
+
     async def ack(self, delivery: Delivery[Receipt]) -> None:
         receipt = self._check(delivery)
         if time.monotonic() + self._flush_interval + _ACK_MARGIN > receipt.deadline:

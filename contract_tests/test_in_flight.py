@@ -22,9 +22,12 @@ BACKLOG = 3_000
 
 
 REACH_RATE = 10.0
-"""The declared figure of the exact-bound tests: with fewer than ``max_in_flight`` held and
+"""The declared figures of the exact-bound tests: with fewer than ``max_in_flight`` held and
 more available, a consumer is handed at least this many messages a second after the first
-``WAIT`` (a broker whose receive slows with every message in flight climbs slowest)."""
+``WAIT`` (a broker whose receive slows with every message in flight climbs slowest), and
+never goes ``STALL`` seconds without one once the first came."""
+
+STALL = 10.0 * SCALE
 
 QUIET = 2.0 * SCALE
 """Seconds the bound must hold, nothing more handed out, once it is reached."""
@@ -90,18 +93,22 @@ class _Holder:
     async def reach(self, bound: int) -> None:
         """Poll until ``bound`` are held (deadline: ``reach_deadline``), then watch QUIET
         seconds for one more."""
+        started = time.monotonic()
+        deadline, seen, moved = started + reach_deadline(bound), 0, started
+        while self.handed < bound and not self._task.done():
+            now = time.monotonic()
+            if self.handed != seen:
+                seen, moved = self.handed, now
+            stalled = seen > 0 and now - moved > STALL
+            if stalled or now > deadline:
+                why = f"none for {STALL:.0f}s" if stalled else f"{now - started:.0f}s"
+                raise AssertionError(
+                    f"{seen} of {bound} handed out ({why}; max_in_flight={bound}, nothing "
+                    "settled, more available)"
+                )
+            await asyncio.sleep(0.05)
         if self._task.done():
-            self._task.result()
-        try:
-            await eventually(
-                lambda: self.handed >= bound or self._task.done(),
-                timeout=reach_deadline(bound),
-            )
-        except AssertionError:
-            raise AssertionError(
-                f"{self.handed} of {bound} handed out within {reach_deadline(bound):.0f}s "
-                f"(max_in_flight={bound}, nothing settled, more available)"
-            ) from None
+            self._task.result()  # the iteration failed: its error
         await asyncio.sleep(QUIET)  # an absence check: nothing more within QUIET
         assert self.peak <= bound, f"{self.peak} handed out unsettled with max_in_flight={bound}"
         assert self.handed == bound, f"{self.handed} handed out with max_in_flight={bound}"

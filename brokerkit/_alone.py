@@ -194,15 +194,29 @@ async def _flush_bounded(receiver: Receiver[Any], flush: float, deadline: float)
     try:
         await asyncio.wait((flushing,), timeout=wait)
     except asyncio.CancelledError:
-        if not flushing.done():
-            flushing.add_done_callback(_finished)
+        _let_finish(flushing)
         raise
-    if not flushing.done():
-        _log.debug("acks before a redelivery not confirmed within %.2fs", wait)
-        flushing.add_done_callback(_finished)
+    if flushing.done():
+        flushing.result()  # a broker error was logged by _flush_before; anything else raises
+        return
+    _log.debug("acks before a redelivery not confirmed within %.2fs", wait)
+    _let_finish(flushing)
+
+
+_finishing: set[asyncio.Future[None]] = set()
+"""Flushes left to finish by themselves (a strong reference: the loop keeps a weak one)."""
+
+
+def _let_finish(task: asyncio.Future[None]) -> None:
+    if task.done():
+        _finished(task)
+        return
+    _finishing.add(task)
+    task.add_done_callback(_finished)
 
 
 def _finished(task: asyncio.Future[None]) -> None:
+    _finishing.discard(task)
     exc = None if task.cancelled() else task.exception()
     if exc is not None:  # a broker error is logged by _flush_before and not raised
         _log.warning("acks before a redelivery: the flush failed: %r", exc)

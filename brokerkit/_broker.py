@@ -123,7 +123,9 @@ class Broker:
         gets its own result or error; see ``brokerkit._coalesce``), so a service may
         publish from thousands of tasks at once.
         """
-        message = outgoing(body, fifo_group, dedup_id, headers if headers is not None else {})
+        if headers is None or (not headers and type(headers) is dict):
+            headers = {}  # a fresh one: the caller's empty dict may change while this pends
+        message = outgoing(body, fifo_group, dedup_id, headers)
         coalescer = self._coalescers.get(queue)
         if coalescer is not None:  # made for this name once it was checked: a valid name
             caps = self._backend.capabilities

@@ -328,6 +328,12 @@ class MemoryBackend(Backend):
         return _MemoryReceiver(self._hub, queue, q, log, log.group(group), settings)
 
 
+_POLL = 0.1
+"""Longest a receive waits for a first message before it answers empty (the seam allows an
+empty answer at any time; the caller asks again). A publish, settle or due time wakes a
+waiting receive at once, so this bounds only how long an idle receive keeps its caller."""
+
+
 class _MemoryReceiver(Receiver[Leased[int]]):
     def __init__(
         self,
@@ -369,7 +375,9 @@ class _MemoryReceiver(Receiver[Leased[int]]):
         return out
 
     async def receive(self, max_messages: int, wait: float) -> list[Delivery[Leased[int]]]:
-        end = time.monotonic() + wait
+        # at most _POLL: nothing is in flight here, so an empty answer is final at once,
+        # and a caller that waits its fetch out (a closing consumer, redrive) waits no longer
+        end = time.monotonic() + min(wait, _POLL)
         while True:
             now = time.monotonic()
             out = self._take(max_messages, now)

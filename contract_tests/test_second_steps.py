@@ -286,6 +286,41 @@ async def test_a_lost_lease_holds_the_only_slot_until_the_caller_settles(
         await again.ack()
 
 
+# -- FIFO order: the group's second message ------------------------------------------------
+
+
+@pytest.mark.behaviour("FIFO order")
+async def test_fifo_the_second_message_nacked_or_lost_comes_back_before_the_third(
+    broker: brokerkit.Broker, queue: str, group: str
+) -> None:
+    """After the group's first message is acked, its second is nacked, then left until
+    its lease runs out: each time it comes back before the third.
+
+    Planted: a head whose lease ran out sent to the back of its group (``LeaseBook``'s
+    ``_unlease``: ``GroupGate.done`` and a push instead of ``give_back``); a nack that
+    moves the group on (``requeue_token`` likewise).
+    """
+    await broker.publish_many(
+        queue, [brokerkit.Outgoing(f"{i}".encode(), fifo_group="g.2") for i in range(4)]
+    )
+    async with broker.consumer(
+        queue, group, ack_timeout=LEASE, prefetch=1, max_attempts=10
+    ) as consumer:
+        first = await receive(consumer)
+        assert first.body == b"0"
+        await first.ack()
+        second = await receive(consumer, redelivery_deadline(broker, 0.0))
+        assert (second.body, second.attempt) == (b"1", 1)
+        await second.nack(0.5)
+        again = await receive(consumer, redelivery_deadline(broker, 0.5))
+        assert (again.body, again.attempt) == (b"1", 2)
+        lost = await receive(consumer, redelivery_deadline(broker, LEASE))  # again ran out
+        assert (lost.body, lost.attempt) == (b"1", 3)
+        await lost.ack()
+        rest = await receive_n(consumer, 2, timeout=redelivery_deadline(broker, 0.0))
+        assert [m.body for m in rest] == [b"2", b"3"]
+
+
 # -- failure paths: a refused publish --------------------------------------------------------
 
 

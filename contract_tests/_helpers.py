@@ -227,3 +227,39 @@ def latest(broker: brokerkit.Broker, due_in: float) -> float:
 def absence_window(broker: brokerkit.Broker, ack_timeout: float) -> float:
     """How long to watch for a message that must be gone: past a lease left behind."""
     return ack_timeout + broker.capabilities.redelivery_slack + LATE + 0.5
+
+
+SHORTEST = 2 * LATE
+"""The shortest lease or quiet period the suite sizes down to: two of this machine's
+scheduling allowances, so a step half a lease long still has ``LATE`` to spare."""
+
+GRAINS = 10
+"""A lease or quiet period sized down is at least this many of the broker's grains."""
+
+
+def _grain(broker: brokerkit.Broker) -> float:
+    """The broker's declared timing resolution: how late it may notice anything due, plus
+    how long it may hold an ack back."""
+    caps = broker.capabilities
+    return caps.redelivery_slack + caps.ack_flush_interval
+
+
+def lease_for(broker: brokerkit.Broker, seconds: float) -> float:
+    """The ``ack_timeout`` to test a lease with, for a test written with ``seconds``.
+
+    ``seconds`` suits a networked broker (a round trip, a poll, a flush each a good part
+    of a second) and is what every one gets. A broker whose declared timing is fine
+    (``redelivery_slack + ack_flush_interval`` under a tenth of ``seconds``: memory://)
+    gets a shorter lease, ``GRAINS`` grains and at least ``SHORTEST``: the bounds a test
+    asserts are stated against the lease it used (``latest``, ``absence_window``), so
+    the shorter lease measures the same thing, sooner.
+    """
+    return min(seconds, max(SHORTEST, GRAINS * _grain(broker)))
+
+
+def quiet_for(broker: brokerkit.Broker, seconds: float) -> float:
+    """How long to watch for a message that must not come, for a test written with
+    ``seconds``: whatever would come is ready, and a waiting consumer has a ready
+    message within ``redelivery_slack`` (the "publish" behaviour asserts it). Sized like
+    :func:`lease_for`: ``seconds`` on a networked broker, shorter where timing is fine."""
+    return min(seconds, max(SHORTEST, GRAINS * _grain(broker)))

@@ -16,6 +16,7 @@ from ._helpers import (
     absence_window,
     eventually,
     latest,
+    lease_for,
     nothing_within,
     receive,
     receive_n,
@@ -127,7 +128,7 @@ async def test_ack_settles_so_the_group_never_sees_it_again(
     broker: brokerkit.Broker, queue: str, group: str
 ) -> None:
     await broker.publish(queue, b"once")
-    ack_timeout = 1.0
+    ack_timeout = lease_for(broker, 1.0)
     async with broker.consumer(queue, group, ack_timeout=ack_timeout) as consumer:
         msg = await receive(consumer)
         await msg.ack()
@@ -147,8 +148,8 @@ async def test_ack_late_in_the_lease_is_recorded_within_the_flush_window(
     ends; a backend that holds acks longer than it declares lets the lease run out, and
     the broker delivers the acked message again.
     """
-    ack_timeout = 2.0
     a, b = await connect(), await connect()
+    ack_timeout = lease_for(a, 2.0)
     await a.publish(queue, b"acked-late")
     async with a.consumer(queue, group, ack_timeout=ack_timeout) as holder:
         msg = await receive(holder)
@@ -164,8 +165,8 @@ async def test_ack_late_in_the_lease_is_recorded_within_the_flush_window(
 
 @pytest.mark.behaviour("ack")
 async def test_ack_then_close_flushes_the_ack(connect: Connect, queue: str, group: str) -> None:
-    ack_timeout = 1.0
     a, b = await connect(), await connect()
+    ack_timeout = lease_for(a, 1.0)
     await a.publish(queue, b"acked-then-closed")
     async with a.consumer(queue, group, ack_timeout=ack_timeout) as consumer:
         await (await receive(consumer)).ack()
@@ -316,7 +317,7 @@ async def test_nack_redelivers_with_attempt_plus_one(
 async def test_nack_at_max_attempts_dead_letters_with_reason_max_attempts(
     broker: brokerkit.Broker, queue: str, group: str
 ) -> None:
-    ack_timeout = 1.0
+    ack_timeout = lease_for(broker, 1.0)
     await broker.publish(queue, b"doomed", headers={"h": "1"})
     async with broker.consumer(queue, group, max_attempts=2, ack_timeout=ack_timeout) as consumer:
         for attempt in (1, 2):
@@ -368,8 +369,9 @@ async def test_nack_close_waits_for_the_messages_the_caller_holds(
     assert not closing.done(), "aclose did not wait for the held message (close_timeout=10)"
     await msg.ack()  # still its lease: close gave nothing back yet
     await asyncio.wait_for(closing, WAIT)
-    async with broker.consumer(queue, group, ack_timeout=1.0) as again:
-        late = await nothing_within(again, absence_window(broker, 1.0))
+    lease = lease_for(broker, 1.0)
+    async with broker.consumer(queue, group, ack_timeout=lease) as again:
+        late = await nothing_within(again, absence_window(broker, lease))
         assert late is None, f"acked while closing, delivered again: {late!r}"
 
 
@@ -377,7 +379,8 @@ async def test_nack_close_waits_for_the_messages_the_caller_holds(
 async def test_nack_delay_redelivers_no_sooner_than_the_delay(
     broker: brokerkit.Broker, queue: str, group: str
 ) -> None:
-    delay, held = 2.0, 1.0
+    delay = lease_for(broker, 2.0)  # a bound measured against capabilities: any length will do
+    held = delay / 2
     await broker.publish(queue, b"later")
     async with broker.consumer(queue, group, ack_timeout=10.0) as consumer:
         msg = await receive(consumer)

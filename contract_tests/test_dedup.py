@@ -16,6 +16,7 @@ from ._helpers import (
     eventually,
     in_process,
     nothing_within,
+    quiet_for,
     receive,
     receive_n,
     with_param,
@@ -43,7 +44,7 @@ async def test_dedup_same_id_is_delivered_once_even_after_ack(
         nxt = await receive(consumer)
         assert nxt.body == b"sentinel", f"duplicate delivered: {nxt!r}"
         await nxt.ack()
-        assert await nothing_within(consumer, 1.0) is None
+        assert await nothing_within(consumer, quiet_for(broker, 1.0)) is None
 
 
 @pytest.mark.behaviour("dedup")
@@ -220,4 +221,4 @@ async def _exactly_one_raced(broker: brokerkit.Broker, queue: str, group: str) -
         nxt = await receive(consumer)
         assert nxt.body == b"sentinel", f"a raced duplicate was delivered: {nxt!r}"
         await nxt.ack()
-        assert await nothing_within(consumer, 1.0) is None
+        assert await nothing_within(consumer, quiet_for(broker, 1.0)) is None

@@ -6,16 +6,18 @@ prints and judges it after the 17, and the project's own test run has it on ever
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import pytest
 
 import brokerkit
 
-from ._helpers import nothing_within, receive, receive_n
+from ._helpers import nothing_within, quiet_for, receive, receive_n
 
 QUIET = 2.0
-"""Long enough for anything the deleted queue still held to show up (it is all ready)."""
+"""Long enough for anything the deleted queue still held to show up (it is all ready);
+``quiet_for`` sizes it to the broker."""
 
 
 @pytest.mark.behaviour("delete queue")
@@ -38,14 +40,16 @@ async def test_delete_queue_removes_messages_dlq_group_state_and_dedup_memory(
 
     await broker.publish(queue, b"new-1", dedup_id="d1")  # the dedup memory went too
     await broker.publish(queue, b"new-2", fifo_group="g")
-    async with broker.consumer(queue, group) as consumer:
+    quiet = quiet_for(broker, QUIET)
+    async with broker.consumer(queue, group) as consumer, broker.dead_letters(queue) as dead:
         got = sorted(m.body for m in await receive_n(consumer, 2))
         assert got == [b"new-1", b"new-2"]
-        late = await nothing_within(consumer, QUIET)
+        # the queue and its DLQ are watched at once: one quiet period covers both
+        late, dead_late = await asyncio.gather(
+            nothing_within(consumer, quiet), nothing_within(dead, quiet)
+        )
         assert late is None, f"a message of the deleted queue came back: {late!r}"
-    async with broker.dead_letters(queue) as dead:
-        late = await nothing_within(dead, QUIET)
-        assert late is None, f"the deleted queue's DLQ kept {late!r}"
+        assert dead_late is None, f"the deleted queue's DLQ kept {dead_late!r}"
     async with broker.consumer(sibling, group) as consumer:
         msg = await receive(consumer)
         assert msg.body == b"sibling"

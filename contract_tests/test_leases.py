@@ -17,6 +17,7 @@ from ._helpers import (
     absence_window,
     in_process,
     latest,
+    lease_for,
     nothing_within,
     receive,
     receive_n,
@@ -51,8 +52,8 @@ async def _first_of(
 async def test_lease_expiry_redelivers_to_the_group_and_late_settle_raises(
     connect: Connect, queue: str, group: str
 ) -> None:
-    ack_timeout = 2.0
     a, b = await connect(), await connect()
+    ack_timeout = lease_for(a, 2.0)
     await a.publish(queue, b"hung")
     async with (
         a.consumer(queue, group, ack_timeout=ack_timeout, close_timeout=0) as hung,
@@ -79,7 +80,7 @@ async def test_lease_expiry_redelivers_to_the_group_and_late_settle_raises(
 async def test_lease_expiry_of_a_fifo_message_frees_its_group(
     broker: brokerkit.Broker, queue: str, group: str
 ) -> None:
-    ack_timeout = 1.0
+    ack_timeout = lease_for(broker, 1.0)
     await broker.publish_many(
         queue, [brokerkit.Outgoing(f"{i}".encode(), fifo_group="lease.g") for i in range(2)]
     )
@@ -98,8 +99,8 @@ async def test_lease_expiry_of_a_fifo_message_frees_its_group(
 async def test_lease_extend_keeps_the_message_away_from_others(
     connect: Connect, queue: str, group: str
 ) -> None:
-    ack_timeout = 2.0
     a, b = await connect(), await connect()
+    ack_timeout = lease_for(a, 2.0)
     await a.publish(queue, b"long-job")
     async with (
         a.consumer(queue, group, ack_timeout=ack_timeout) as first,
@@ -127,15 +128,16 @@ async def _expect_dead_after(
         async for msg in consumer:  # the next delivery is beyond max_attempts: dead-lettered
             leaked.append(msg)
 
+    lease = lease_for(broker, _CRASH_LEASE)
     async with (
         broker.consumer(
-            queue, group, max_attempts=max_attempts, ack_timeout=_CRASH_LEASE, close_timeout=0
+            queue, group, max_attempts=max_attempts, ack_timeout=lease, close_timeout=0
         ) as c,
         broker.dead_letters(queue) as dead,
     ):
         reader = asyncio.ensure_future(drain(c))
         try:
-            corpse = await receive(dead, redelivery_deadline(broker, _CRASH_LEASE))
+            corpse = await receive(dead, redelivery_deadline(broker, lease))
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
@@ -149,7 +151,8 @@ async def _expect_dead_after(
 
 
 _CRASH_LEASE = 2.0
-"""The ack_timeout of a consumer that is killed: its lease is how the broker learns of it."""
+"""The ack_timeout of a consumer that is killed: its lease is how the broker learns of it
+(``lease_for`` sizes it to the broker)."""
 
 
 @pytest.mark.behaviour("attempt durability")
@@ -165,21 +168,18 @@ async def test_attempt_survives_consumer_crashes_and_ends_in_the_dlq(
     """
     max_attempts = 2
     producer = await connect()
+    lease = lease_for(producer, _CRASH_LEASE)
     sent = await producer.publish(queue, b"kills-its-consumer")
     for attempt in range(1, max_attempts + 1):
         if in_process(broker_url):
             conn = await connect()  # abandoned below: never closed while the test runs
-            consumer = conn.consumer(
-                queue, group, max_attempts=max_attempts, ack_timeout=_CRASH_LEASE
-            )
-            msg = await receive(consumer, redelivery_deadline(conn, _CRASH_LEASE))
+            consumer = conn.consumer(queue, group, max_attempts=max_attempts, ack_timeout=lease)
+            msg = await receive(consumer, redelivery_deadline(conn, lease))
             assert (msg.id, msg.attempt) == (sent.id, attempt)
             continue
-        child = await Child.start(
-            "hold", broker_url, queue, group, str(max_attempts), str(_CRASH_LEASE)
-        )
+        child = await Child.start("hold", broker_url, queue, group, str(max_attempts), str(lease))
         try:
-            line = await child.line(redelivery_deadline(producer, _CRASH_LEASE) + WAIT)
+            line = await child.line(redelivery_deadline(producer, lease) + WAIT)
         finally:
             await child.reap()  # SIGKILL while it holds the message
         assert line == f"got {sent.id} {attempt}", line
@@ -188,8 +188,8 @@ async def test_attempt_survives_consumer_crashes_and_ends_in_the_dlq(
 
 @pytest.mark.behaviour("attempt durability")
 async def test_attempt_counts_lease_expiries_too(connect: Connect, queue: str, group: str) -> None:
-    ack_timeout = 1.0
     conn = await connect()
+    ack_timeout = lease_for(conn, 1.0)
     await conn.publish(queue, b"hangs")
     async with conn.consumer(queue, group, ack_timeout=ack_timeout, max_attempts=5) as c:
         attempts = []
@@ -209,8 +209,8 @@ async def test_messages_fetched_ahead_and_never_handed_out_count_no_attempt(
     """A consumer reads ahead (``prefetch``), then its handler works past every lease the
     read-ahead holds. No handler saw those messages: they come back as attempt 1, or a
     slow (or crashing) handler would drag its neighbours toward the DLQ."""
-    ack_timeout = 2.0
     conn = await connect()
+    ack_timeout = lease_for(conn, 2.0)
     await conn.publish_many(queue, [brokerkit.Outgoing(b"%d" % i) for i in range(6)])
     async with conn.consumer(queue, group, ack_timeout=ack_timeout, prefetch=6) as slow:
         first = await receive(slow)
@@ -230,7 +230,7 @@ async def test_dlq_dead_letter_moves_with_body_headers_and_envelope(
     body = bytes(range(256)) * 4
     headers = {"trace": "abc", "unicode": "żółw ✓"}
     sent = await broker.publish(queue, body, headers=headers, fifo_group="cust-1", dedup_id="ev-1")
-    ack_timeout = 1.0
+    ack_timeout = lease_for(broker, 1.0)
     async with (
         broker.consumer(queue, group, ack_timeout=ack_timeout) as consumer,
         broker.dead_letters(queue, ack_timeout=ack_timeout) as dead,
@@ -308,7 +308,7 @@ async def test_redrive_is_oldest_first_across_groups_and_leaves_no_copy(
     Grouped and ungrouped messages die in one known order; the headers and a dedup id
     (inside its window) travel with them, and neither the DLQ nor the queue keeps a copy.
     """
-    ack_timeout = 1.0
+    ack_timeout = lease_for(broker, 1.0)
     outs = [
         brokerkit.Outgoing(b"u0", headers={"n": "0"}),
         brokerkit.Outgoing(b"a0", fifo_group="rd.a", headers={"n": "1"}),
@@ -356,12 +356,13 @@ async def test_redrive_moves_only_what_dead_letters_still_holds(
             else:
                 await msg.nack()  # left there
     assert await broker.redrive(queue) == 1
+    lease = lease_for(broker, 1.0)
     async with (
-        broker.consumer(queue, group, ack_timeout=1.0) as consumer,
-        broker.dead_letters(queue, ack_timeout=1.0) as dead,
+        broker.consumer(queue, group, ack_timeout=lease) as consumer,
+        broker.dead_letters(queue, ack_timeout=lease) as dead,
     ):
         msg = await receive(consumer)
         assert msg.body == b"keep"
         await msg.ack()
         # nothing acked in the DLQ was moved, nothing moved is still in dead_letters()
-        await _gone_from(broker, 1.0, queue=consumer, dlq=dead)
+        await _gone_from(broker, lease, queue=consumer, dlq=dead)

@@ -31,17 +31,19 @@ from ._helpers import (
     WAIT,
     absence_window,
     eventually,
+    lease_for,
     nothing_within,
-    receive,
+    receive_n,
     redelivery_deadline,
 )
 from ._wrap import wrapped
 
 LEASE = 1.0
+"""The lease the tests were written with; ``lease_for`` sizes it to the broker."""
 
 
-async def _subscribe(backend: Backend, queue: str, group: str) -> Receiver[Any]:
-    settings = ReceiverSettings(ack_timeout=LEASE)
+async def _subscribe(backend: Backend, queue: str, group: str, lease: float) -> Receiver[Any]:
+    settings = ReceiverSettings(ack_timeout=lease)
     return await backend.subscribe(QueueRef(queue), group, settings)
 
 
@@ -71,12 +73,14 @@ async def test_seam_receiver_refuses_a_stale_settle_after_redelivery(
     """
     await broker.publish(queue, b"stale")
     backend = broker.backend
-    first, second = await _subscribe(backend, queue, group), await _subscribe(backend, queue, group)
+    lease = lease_for(broker, LEASE)
+    first = await _subscribe(backend, queue, group, lease)
+    second = await _subscribe(backend, queue, group, lease)
     try:
         # which receiver of a group gets a message is the broker's choice (a Kafka partition)
         owner, stale = await _first((first, second), WAIT)
         other = second if owner is first else first
-        holder, live = await _first((other, owner), redelivery_deadline(broker, LEASE))
+        holder, live = await _first((other, owner), redelivery_deadline(broker, lease))
         assert (live.id, live.attempt) == (stale.id, 2)
         with pytest.raises(brokerkit.LeaseExpired):
             await owner.ack(stale)
@@ -84,8 +88,8 @@ async def test_seam_receiver_refuses_a_stale_settle_after_redelivery(
     finally:
         await first.aclose()
         await second.aclose()
-    async with broker.consumer(queue, group, ack_timeout=LEASE) as consumer:
-        again = await nothing_within(consumer, absence_window(broker, LEASE))
+    async with broker.consumer(queue, group, ack_timeout=lease) as consumer:
+        again = await nothing_within(consumer, absence_window(broker, lease))
         assert again is None, f"acked through the seam, delivered again: {again!r}"
 
 
@@ -127,22 +131,25 @@ async def test_seam_facade_refuses_a_settle_after_the_lease_even_if_the_backend_
     broker_url: str, queue: str, group: str
 ) -> None:
     async with wrapped(broker_url, _LaxReceiver) as lax:
-        await lax.publish(queue, b"x")
-        async with lax.consumer(queue, group, ack_timeout=LEASE, close_timeout=0) as consumer:
-            for settle in ("ack", "nack", "dead_letter", "extend"):
-                msg = await receive(consumer, redelivery_deadline(lax, LEASE))
-                received = time.monotonic()
-                await eventually(
-                    lambda: time.monotonic() > received + LEASE + 0.1,  # noqa: B023
-                    what="the lease to end",
-                )
+        settles = ("ack", "nack", "dead_letter", "extend")
+        await lax.publish_many(queue, [brokerkit.Outgoing(s.encode()) for s in settles])
+        lease = lease_for(lax, LEASE)
+        async with lax.consumer(queue, group, ack_timeout=lease, close_timeout=0) as consumer:
+            # one message per kind of settle, held at once: their leases run out together
+            held = await receive_n(consumer, len(settles), ack=False)
+            received = time.monotonic()
+            await eventually(
+                lambda: time.monotonic() > received + lease + 0.1, what="the leases to end"
+            )
+            for msg in held:
                 with pytest.raises(brokerkit.LeaseExpired):
-                    if settle == "dead_letter":
+                    if msg.body == b"dead_letter":
                         await msg.dead_letter("late")
                     else:
-                        await getattr(msg, settle)()
-            last = await receive(consumer, redelivery_deadline(lax, LEASE))
-            await last.ack()
+                        await getattr(msg, msg.body.decode())()
+            # nothing was settled: each comes back
+            again = await receive_n(consumer, len(settles), timeout=redelivery_deadline(lax, lease))
+            assert sorted(m.body for m in again) == sorted(s.encode() for s in settles)
 
 
 @pytest.mark.behaviour("ack")

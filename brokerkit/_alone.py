@@ -116,7 +116,11 @@ class LastAttempts:
         try:
             if last:
                 deadline = await self._isolate_renewing(delivery, deadline, receiver, flush)
-            else:  # may be a poison too: the acks so far are recorded before it goes out
+            elif receiver.wants_handing_out:  # a broker that counts unseen hand-outs (SQS):
+                # an earlier attempt may be a poison too, and there a done message whose
+                # coalesced ack dies with it can reach the DLQ; so the acks so far are
+                # recorded first. Elsewhere it has attempts left, and a flush per redelivery
+                # held Kafka's commits back past their 10 s bound under a nack storm (soak).
                 await _flush_bounded(receiver, flush, deadline)
             if receiver.wants_handing_out:
                 await receiver.handing_out(delivery, link.buffer.buffered())

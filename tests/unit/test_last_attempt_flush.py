@@ -27,7 +27,11 @@ FLUSH_INTERVAL = 0.2
 
 
 class _Coalescing(ForwardingReceiver):
-    """memory://'s receiver whose acks are recorded only by ``flush_acks`` (or close)."""
+    """memory://'s receiver whose acks are recorded only by ``flush_acks`` (or close),
+    and which counts what it hands over unseen, as SQS does (``wants_handing_out``): the
+    facade then records the acks before every redelivery, not only a last attempt."""
+
+    wants_handing_out = True
 
     def __init__(self, inner: Receiver[Any]) -> None:
         super().__init__(inner)

@@ -6,7 +6,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
+
 import brokerkit
+
+URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
+"""The SQS the integration tests use: ``BROKERKIT_SQS_URL`` or scripts/services' ElasticMQ."""
+
+_SELECTED = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")}
+SELECTED = pytest.mark.skipif(
+    not ({"sqs", "all"} & _SELECTED), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
+)
+"""The ``pytestmark`` of every SQS integration module: it runs where SQS is selected."""
 
 
 def raw_client(url: str) -> Any:

@@ -13,7 +13,6 @@ scripts/services' ElasticMQ. The queue gets a fresh name and is deleted after.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from typing import Any
@@ -25,15 +24,11 @@ from brokerkit.backends import QueueRef, ReceiverSettings
 
 pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
-from _sqs import raw_client
+from _sqs import SELECTED, URL, raw_client
 
 from brokerkit.backends.sqs import SqsBackend
 
-URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
-_selected = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")}
-pytestmark = pytest.mark.skipif(
-    not ({"sqs", "all"} & _selected), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
-)
+pytestmark = SELECTED
 
 
 def _held(client: Any, name: str) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -29,13 +28,11 @@ from brokerkit.backends import Delivery, QueueRef, Receiver, ReceiverSettings
 
 pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
+from _sqs import SELECTED, URL
+
 from brokerkit.backends.sqs import SqsBackend
 
-URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
-_selected = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")}
-pytestmark = pytest.mark.skipif(
-    not ({"sqs", "all"} & _selected), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
-)
+pytestmark = SELECTED
 WAIT = 20.0
 
 _CHILD = """

@@ -10,7 +10,6 @@ scripts/services' ElasticMQ.
 from __future__ import annotations
 
 import asyncio
-import os
 import struct
 import time
 import uuid
@@ -23,13 +22,9 @@ import brokerkit
 
 pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
-from _sqs import raw_client
+from _sqs import SELECTED, URL, raw_client
 
-URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
-_selected = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")}
-pytestmark = pytest.mark.skipif(
-    not ({"sqs", "all"} & _selected), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
-)
+pytestmark = SELECTED
 WAIT = 20.0
 
 

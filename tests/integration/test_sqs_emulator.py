@@ -21,15 +21,11 @@ import brokerkit
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
-from _sqs import raw_client  # noqa: E402
+from _sqs import SELECTED, URL, raw_client  # noqa: E402
 
 from brokerkit.backends.sqs import SqsBackend  # noqa: E402
 
-URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
-_selected = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")}
-pytestmark = pytest.mark.skipif(
-    not ({"sqs", "all"} & _selected), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
-)
+pytestmark = SELECTED
 WAIT = 20.0
 
 

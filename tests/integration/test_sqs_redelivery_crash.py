@@ -23,7 +23,6 @@ scripts/services' ElasticMQ.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 
 import pytest
@@ -34,11 +33,9 @@ from contract_tests._helpers import nothing_within, receive
 
 pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
-URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
-_selected = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")}
-pytestmark = pytest.mark.skipif(
-    not ({"sqs", "all"} & _selected), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
-)
+from _sqs import SELECTED, URL
+
+pytestmark = SELECTED
 ACK_TIMEOUT = 2.0
 NACK_DELAY = 1.0
 

@@ -9,7 +9,6 @@ a backend cannot tell; this asserts the figures SQS can tell are there.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,13 +20,9 @@ import brokerkit
 
 pytest.importorskip("boto3", reason="boto3 is not installed (brokerkit-mq[sqs])")
 
-from _sqs import raw_client
+from _sqs import SELECTED, URL, raw_client
 
-URL = os.environ.get("BROKERKIT_SQS_URL", "sqs://?endpoint=http://127.0.0.1:4566&region=us-east-1")
-_selected = {n.strip() for n in os.environ.get("BROKERKIT_SMOKE", "").split(",")}
-pytestmark = pytest.mark.skipif(
-    not ({"sqs", "all"} & _selected), reason="SQS not selected (BROKERKIT_SMOKE=sqs)"
-)
+pytestmark = SELECTED
 WAIT = 20.0
 
 

@@ -15,11 +15,17 @@ from typing import Any
 from brokerkit._errors import InvalidName
 from brokerkit._validate import check_token
 
-__all__ = ["json_headers", "str_headers", "valid_token"]
+__all__ = ["header_defect", "json_headers", "str_headers", "valid_token"]
 
 _JSON_KIND = {list: "an array", type(None): "null", str: "a string", bool: "a boolean"}
 _NAME_SHOWN = 40
 """Longest header name quoted in a defect (a hostile name must not flood the reason)."""
+
+
+def header_defect(name: object, what: str) -> str:
+    """The defect of one header: its name (quoted, cut to a readable length) and ``what``
+    is wrong with its value ("is list, not a string", "is not UTF-8")."""
+    return f"header {repr(name)[:_NAME_SHOWN]} {what}"
 
 
 def str_headers(value: Mapping[Any, Any]) -> tuple[dict[str, str], str | None]:
@@ -29,8 +35,7 @@ def str_headers(value: Mapping[Any, Any]) -> tuple[dict[str, str], str | None]:
     if len(good) == len(value):
         return good, None
     name, bad = next((k, v) for k, v in value.items() if k not in good)
-    shown = repr(name)[:_NAME_SHOWN]
-    return good, f"header {shown} is {type(bad).__name__}, not a string"
+    return good, header_defect(name, f"is {type(bad).__name__}, not a string")
 
 
 def json_headers(blob: bytes | str) -> tuple[dict[str, str], str | None]:

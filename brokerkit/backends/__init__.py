@@ -35,7 +35,7 @@ from brokerkit._errors import (
     UnsupportedFeature,
 )
 from brokerkit._fifo import GroupGate
-from brokerkit._foreign import json_headers, str_headers, valid_token
+from brokerkit._foreign import header_defect, json_headers, str_headers, valid_token
 from brokerkit._leases import LeaseBook, Leased
 from brokerkit._message import Outgoing, PublishResult, QueueStats, publish_results
 from brokerkit._options import Options, parse_options
@@ -85,6 +85,7 @@ __all__ = [
     "ReceiverSettings",
     "ResourceClosed",
     "UnsupportedFeature",
+    "header_defect",
     "json_headers",
     "parse_options",
     "publish_results",

@@ -33,8 +33,8 @@ def test_toolkit_is_pinned() -> None:
         "LeaseBook", "LeaseExpired", "Leased", "MessageTooLarge", "Options", "Outgoing",
         "PublishCopy", "PublishResult", "QueueRef", "QueueStats", "Receiver", "ReceiverSettings",
         "ResourceClosed", "UnsupportedFeature", "parse_options", "publish_results",
-        "retry_unavailable", "retry_unavailable_blocking", "json_headers", "str_headers",
-        "valid_token",
+        "retry_unavailable", "retry_unavailable_blocking", "header_defect", "json_headers",
+        "str_headers", "valid_token",
     }  # fmt: skip
     for name in toolkit.__all__:
         assert getattr(toolkit, name) is not None

@@ -25,6 +25,7 @@ from brokerkit.backends import (
     FIFO_GROUP_HEADER,
     HEADER_PREFIX,
     NO_HEADERS,
+    header_defect,
     valid_token,
 )
 
@@ -35,8 +36,6 @@ TOMBSTONE = "record has no value (a tombstone)"
 
 _OURS = (FIFO_GROUP_HEADER, DEDUP_ID_HEADER)
 _PREFIX_LEN = len(HEADER_PREFIX)
-_NAME_SHOWN = 40
-"""Longest header name quoted in a defect (a hostile name must not flood the reason)."""
 
 Decoded = tuple[Mapping[str, str], str | None, str | None, str | None]
 """(user headers, fifo_group, dedup id, defect)"""
@@ -51,18 +50,18 @@ def decode_headers(
     dropped = ""  # a foreign header whose value is not UTF-8
     for name, value in raw:
         if value is None:
-            defect = defect or f"header {_shown(name)} is null, not a string"
+            defect = defect or header_defect(name, "is null, not a string")
             continue
         try:
             text = value.decode("utf-8")
         except UnicodeDecodeError:
             if name[:_PREFIX_LEN].lower() == HEADER_PREFIX:
-                defect = defect or f"header {_shown(name)} is not UTF-8"
+                defect = defect or header_defect(name, "is not UTF-8")
             else:
                 dropped = dropped or name
             continue
         if name in _OURS and decoded.get(name, text) != text:
-            defect = defect or f"header {_shown(name)} is given twice, with different values"
+            defect = defect or header_defect(name, "is given twice, with different values")
         decoded[name] = text
     group = decoded.pop(FIFO_GROUP_HEADER, None)
     dedup = decoded.pop(DEDUP_ID_HEADER, None)
@@ -71,13 +70,9 @@ def decode_headers(
     if dedup is not None and not valid_token(dedup):
         dedup, defect = None, defect or "dedup id header is not a valid dedup id"
     if dropped and (group is not None or dedup is not None):
-        defect = defect or f"header {_shown(dropped)} is not UTF-8"
+        defect = defect or header_defect(dropped, "is not UTF-8")
     if group is not None and defect is None:
         k = key()
         if (k.encode() if isinstance(k, str) else k) != group.encode():
             defect = "fifo_group header disagrees with the record's key"
     return decoded or NO_HEADERS, group, dedup, defect
-
-
-def _shown(name: str) -> str:
-    return repr(name)[:_NAME_SHOWN]

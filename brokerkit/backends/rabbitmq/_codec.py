@@ -31,6 +31,7 @@ from brokerkit.backends import (
     NO_HEADERS,
     Delivery,
     Outgoing,
+    header_defect,
 )
 
 __all__ = [
@@ -155,7 +156,7 @@ def parse(props: Basic.Properties, fallback_id: str, grouped: bool = True) -> In
         if decoded is not None and (type(value) is str or not ours):
             text[key] = decoded
         elif ours and defect is None:
-            defect = f"header {key[:40]!r} is {type(value).__name__}, not a string"
+            defect = header_defect(key, f"is {type(value).__name__}, not a string")
     group = text.get(FIFO_GROUP_HEADER)
     dedup = text.get(DEDUP_ID_HEADER)
     stamp: tuple[int, int] | None = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -22,6 +21,7 @@ from brokerkit._errors import (
     UnsupportedFeature,
 )
 from brokerkit._fetchbuffer import FetchBuffer
+from brokerkit._held import Held
 from brokerkit._message import DeadLetterInfo
 from brokerkit._validate import check_seconds
 from brokerkit.backends.base import Backend, Delivery, QueueRef, Receiver, ReceiverSettings
@@ -61,7 +61,7 @@ class Message:
     LeaseExpired.
     """
 
-    __slots__ = ("__weakref__", "_consumer", "_deadline", "_delivery", "_receiver", "_state")
+    __slots__ = ("_consumer", "_deadline", "_delivery", "_receiver", "_state")
 
     dead_letter_info: DeadLetterInfo | None = None
     """Why the message died, when it was read from a DLQ (``broker.dead_letters``)."""
@@ -271,8 +271,7 @@ class Consumer:
         self._alone = LastAttempts(link_)  # a last attempt is handed out alone
         self._read_ahead_at = prefetch // 2 if prefetch > 1 else -1
         self._since_yield = 0
-        # handed out, not yet settled by the caller (nor dropped: weak, see in_flight)
-        self._held: weakref.WeakSet[Message] = weakref.WeakSet()
+        self._held: Held[Message] = Held()  # handed out, not settled nor dropped: in_flight
         self._slot: asyncio.Future[None] | None = None  # made while the iterator waits for one
         self._drained: asyncio.Event | None = None  # made by aclose when it must wait
         self._closing = False
@@ -395,8 +394,10 @@ class Consumer:
     async def _wait_for_slot(self) -> None:
         """Wait while ``max_in_flight`` handed-out messages are unsettled, or until close.
 
-        A message the caller dropped unsettled leaves ``_held`` by itself (a weak set) and
-        wakes nobody: the wait ends at most ``_POLL_WAIT`` later and the caller looks again."""
+        One the caller dropped unsettled wakes nobody: it is forgotten here, at most
+        ``_POLL_WAIT`` later, and the caller looks again."""
+        if self._held.forget_dropped():
+            return
         if self._slot is None:
             self._slot = asyncio.get_running_loop().create_future()
         await asyncio.wait((self._slot,), timeout=_POLL_WAIT)  # never cancels the shared future

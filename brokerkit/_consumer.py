@@ -394,13 +394,13 @@ class Consumer:
     async def _wait_for_slot(self) -> None:
         """Wait while ``max_in_flight`` handed-out messages are unsettled, or until close.
 
-        One the caller dropped unsettled wakes nobody: it is forgotten here, at most
-        ``_POLL_WAIT`` later, and the caller looks again."""
-        if self._held.forget_dropped():
-            return
-        if self._slot is None:
-            self._slot = asyncio.get_running_loop().create_future()
-        await asyncio.wait((self._slot,), timeout=_POLL_WAIT)  # never cancels the shared future
+        One dropped unsettled wakes nobody: a wait no settle ended looks for those, once."""
+        slot = self._slot
+        if slot is None:
+            slot = self._slot = asyncio.get_running_loop().create_future()
+        await asyncio.wait((slot,), timeout=_POLL_WAIT)  # never cancels the shared future
+        if not slot.done():
+            self._held.forget_dropped()
 
     def _holds(self, delivery: Delivery[Any]) -> bool:
         """Held and leased: a last attempt handed out alone stops blocking at its lease end."""

@@ -26,9 +26,7 @@ class Held(set[T]):
 
     __slots__ = ()
 
-    def forget_dropped(self) -> bool:
+    def forget_dropped(self) -> None:
         """Forget the messages the caller dropped unsettled (only this set refers to them:
-        CPython's reference count); True when there was one."""
-        dropped = [m for count, m in _counts(self) if count <= _HELD_ONLY]
-        self.difference_update(dropped)
-        return bool(dropped)
+        CPython's reference count)."""
+        self.difference_update([m for count, m in _counts(self) if count <= _HELD_ONLY])
